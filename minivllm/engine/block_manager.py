@@ -1,0 +1,208 @@
+"""Paged KV cache bookkeeping: block ids, ref counts, LRU free queue, prefix cache. Pure Python."""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+
+import xxhash
+
+from minivllm.engine.sequence import Sequence
+
+
+def hash_block(prev_hash: int, token_ids: list[int]) -> int:
+    """Chained xxh64 of a full block: the hash names the whole token prefix up to this block."""
+    h = xxhash.xxh64()
+    if prev_hash != -1:
+        h.update(prev_hash.to_bytes(8, "little"))
+    h.update(array("q", token_ids).tobytes())
+    return h.intdigest()
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash = -1  # -1: not (yet) a full, content-addressable block
+        self.token_ids: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref={self.ref_count}, hash={self.hash != -1})"
+
+
+class BlockManager:
+    """Hands out KV cache blocks to sequences and shares full blocks by content.
+
+    A block is in one of three states: *used* (ref_count > 0), *cached* (ref_count == 0 but
+    still holding a full block registered in the prefix cache: reusable until evicted), or
+    *free* (ref_count == 0, no content). Cached and free blocks both sit in ``free_queue``, an
+    LRU order: allocation takes the front, so the least recently freed cached block is evicted
+    first. Content-less blocks go to the front when freed, cached ones to the back, and a
+    sequence's blocks are freed tail first so that shared prefixes outlive their suffixes.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need at least one block of at least one token, got {num_blocks}x{block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hash_to_block_id: dict[int, int] = {}
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take now (free plus evictable cached ones)."""
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return len(self.blocks) - len(self.free_queue)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Evictable blocks that still hold reusable prefix content."""
+        return sum(1 for b in self.free_queue if self.blocks[b].hash != -1)
+
+    def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]:
+        """Chained hashes of the first ``num_full_blocks`` full blocks of ``seq`` (memoised on seq)."""
+        hashes = seq.block_hashes
+        bs = self.block_size
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            hashes.append(hash_block(hashes[-1] if hashes else -1, seq.token_ids[i * bs:(i + 1) * bs]))
+        return hashes
+
+    def get_computed_blocks(self, seq: Sequence) -> list[int]:
+        """Block ids of the longest cached prefix of ``seq``'s tokens (full blocks only).
+
+        NOTE: at most ``num_tokens - 1`` tokens can hit, so that at least one token is computed
+        and the row yields logits. A hit is verified against the block's token ids.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
+        hits: list[int] = []
+        for i, h in enumerate(self.block_hashes(seq, max_blocks)):
+            block_id = self.hash_to_block_id.get(h)
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            if block.hash != h or block.token_ids != seq.token_ids[i * bs:(i + 1) * bs]:
+                break
+            hits.append(block_id)
+        return hits
+
+    # ---------------------------------------------------------------- updates
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] | None = None) -> bool:
+        """Make ``seq``'s block table cover ``num_new_tokens`` more tokens; False (and no change) if it can't.
+
+        ``computed_blocks`` (from ``get_computed_blocks``) are taken on admission: they become
+        the head of the block table and ``seq.num_computed_tokens`` jumps past them. Full blocks
+        whose tokens are all known after this step are registered in the prefix cache.
+        """
+        bs = self.block_size
+        computed_blocks = computed_blocks or []
+        if computed_blocks and seq.block_table:
+            raise RuntimeError(f"prefix hits given for a sequence that already holds blocks: {seq}")
+        num_computed = len(computed_blocks) * bs if computed_blocks else seq.num_computed_tokens
+        end = num_computed + num_new_tokens
+        if end > seq.num_tokens:
+            raise RuntimeError(f"scheduling {num_new_tokens} tokens past the end of {seq}")
+        num_required = (end + bs - 1) // bs
+        num_held = len(computed_blocks) if computed_blocks else len(seq.block_table)
+        num_new_blocks = max(0, num_required - num_held)
+        num_revived = sum(1 for b in computed_blocks if self.blocks[b].ref_count == 0)
+        if num_new_blocks + num_revived > len(self.free_queue):
+            return False
+        for block_id in computed_blocks:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+        if computed_blocks:
+            seq.num_computed_tokens = seq.num_cached_tokens = num_computed
+        for _ in range(num_new_blocks):
+            block_id, _ = self.free_queue.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.hash != -1:  # evict its cached content
+                if self.hash_to_block_id.get(block.hash) == block_id:
+                    del self.hash_to_block_id[block.hash]
+                block.hash, block.token_ids = -1, []
+            block.ref_count = 1
+            seq.block_table.append(block_id)
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(seq, num_computed // bs, end // bs)
+        return True
+
+    def _cache_full_blocks(self, seq: Sequence, start: int, stop: int) -> None:
+        if stop <= start:
+            return
+        hashes = self.block_hashes(seq, stop)
+        bs = self.block_size
+        for i in range(start, stop):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash != -1 or hashes[i] in self.hash_to_block_id:
+                continue  # already cached (a hit), or the same content lives in another block
+            block.hash = hashes[i]
+            block.token_ids = seq.token_ids[i * bs:(i + 1) * bs]
+            self.hash_to_block_id[block.hash] = block.block_id
+
+    def free(self, seq: Sequence) -> None:
+        """Drop ``seq``'s references (tail first); its computed tokens are forgotten."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise RuntimeError(f"double free of block {block_id} by {seq}")
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+                if block.hash == -1:
+                    self.free_queue.move_to_end(block_id, last=False)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block's content (used blocks keep theirs until freed)."""
+        for block_id in self.free_queue:
+            block = self.blocks[block_id]
+            if block.hash != -1:
+                self.hash_to_block_id.pop(block.hash, None)
+                block.hash, block.token_ids = -1, []
+
+    # -------------------------------------------------------------- integrity
+    def check_integrity(self, seqs: list[Sequence] = ()) -> dict[str, int]:
+        """Assert the invariants; ``seqs`` must be every sequence holding blocks. Returns the counts."""
+        refs = [0] * len(self.blocks)
+        for seq in seqs:
+            assert len(set(seq.block_table)) == len(seq.block_table), f"block listed twice in {seq}"
+            for b in seq.block_table:
+                refs[b] += 1
+        used = cached = free = 0
+        for block in self.blocks:
+            assert block.ref_count == refs[block.block_id], (
+                f"{block}: ref_count {block.ref_count} but {refs[block.block_id]} block-table references")
+            in_queue = block.block_id in self.free_queue
+            assert in_queue == (block.ref_count == 0), f"{block}: in free queue={in_queue}"
+            if block.hash != -1:
+                assert self.hash_to_block_id.get(block.hash) == block.block_id, f"{block} hash not registered"
+                assert len(block.token_ids) == self.block_size
+            if block.ref_count > 0:
+                used += 1
+            elif block.hash != -1:
+                cached += 1
+            else:
+                free += 1
+        for h, b in self.hash_to_block_id.items():
+            assert self.blocks[b].hash == h, f"stale hash entry for block {b}"
+        assert used + cached + free == len(self.blocks)
+        return {"used": used, "cached": cached, "free": free}

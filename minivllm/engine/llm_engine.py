@@ -1,0 +1,301 @@
+"""LLMEngine: joins the scheduler (bookkeeping) and the model runner (tensors); tokenizes and detokenizes."""
+
+from __future__ import annotations
+
+import atexit
+import time
+from dataclasses import replace
+from itertools import count
+
+from minivllm.config import Config
+from minivllm.engine.block_manager import BlockManager
+from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.scheduler import Scheduler
+from minivllm.engine.sequence import Sequence
+from minivllm.outputs import CompletionOutput, RequestOutput, StepStats
+from minivllm.sampling_params import SamplingParams
+
+
+class _Request:
+    """Engine-side state of one request: its ``n`` sequences, detokenizers and output."""
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams, stream: bool):
+        self.request_id = request_id
+        self.params = params
+        self.seqs: list[Sequence] = []
+        self.detoks: list[IncrementalDetokenizer | None] = []
+        self.stream = stream
+        self.output = RequestOutput(request_id, prompt, prompt_token_ids,
+                                    [CompletionOutput(i, logprobs=[] if params.logprobs is not None else None)
+                                     for i in range(params.n)], arrival_time=time.monotonic())
+
+
+class LLMEngine:
+    """The offline engine: ``add_request`` / ``step`` / ``is_finished``, and ``generate`` on top."""
+
+    def __init__(self, model: str, **kwargs):
+        self.config = config = Config.create(model, **kwargs)
+        from minivllm.engine.executor import create_executor
+
+        self.executor = create_executor(config)
+        config.num_kvcache_blocks = self.executor.num_kvcache_blocks
+        self.tokenizer = _load_tokenizer(model)
+        eos = list(config.model_config.eos_token_ids)
+        if not eos and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos = [self.tokenizer.eos_token_id]
+        self.eos_token_ids = eos
+        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
+            eos_token_ids=eos, enable_chunked_prefill=config.enable_chunked_prefill,
+            max_num_partial_prefills=config.max_num_partial_prefills,
+            max_long_partial_prefills=config.max_long_partial_prefills,
+            long_prefill_threshold=config.long_prefill_threshold)
+        self._requests: dict[str, _Request] = {}
+        self._seq_to_request: dict[int, tuple[_Request, int]] = {}
+        self._ids = count()
+        self._closed = False
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------------ input
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if not token_ids:
+            raise ValueError("the prompt is empty: it must have at least one token")
+        vocab = self.config.model_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        max_len = self.config.max_model_len
+        if len(token_ids) >= max_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is {max_len}: "
+                             f"it must be shorter to leave room for at least one generated token")
+        if params.max_tokens is not None and params.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+        if params.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+
+    def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None, stream: bool = False) -> str:
+        """Queue a prompt; returns its request id. Raises ValueError (engine unchanged) on bad input."""
+        params = sampling_params or SamplingParams()
+        text, token_ids = self._tokenize(prompt)
+        return self._add(text, token_ids, params, request_id, stream)
+
+    def _add(self, text: str | None, token_ids: list[int], params: SamplingParams,
+             request_id: str | None = None, stream: bool = False) -> str:
+        self._validate(token_ids, params)
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = _Request(request_id, text, token_ids, params, stream)
+        for i in range(params.n):
+            p = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
+            seq = Sequence(token_ids, p, request_id=f"{request_id}-{i}" if params.n > 1 else request_id)
+            needs_detok = stream or bool(p.stop_strings)
+            req.seqs.append(seq)
+            req.detoks.append(IncrementalDetokenizer(
+                self.tokenizer, token_ids, skip_special_tokens=p.skip_special_tokens, stop=p.stop_strings,
+                include_stop_str_in_output=p.include_stop_str_in_output)
+                if needs_detok and self.tokenizer is not None else None)
+        for i, seq in enumerate(req.seqs):
+            self.scheduler.add(seq)
+            self._seq_to_request[seq.seq_id] = (req, i)
+        self._requests[request_id] = req
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now and free its KV blocks; unknown ids are ignored."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return
+        for i, seq in enumerate(req.seqs):
+            self.scheduler.finish(seq, "abort")
+            self._seq_to_request.pop(seq.seq_id, None)
+            if req.output.outputs[i].finish_reason is None:
+                req.output.outputs[i].finish_reason = "abort"
+        req.output.finished = True
+
+    # ------------------------------------------------------------------- step
+    def is_finished(self) -> bool:
+        return self.scheduler.is_finished()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> tuple[list[RequestOutput], StepStats]:
+        """Schedule, run the model, sample, and update requests.
+
+        Returns the outputs of the requests that got tokens this step (``finished`` set on
+        those that ended) and the step's ``StepStats``.
+        """
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        touched: dict[str, _Request] = {}
+        if not sched.is_empty:
+            sampled = self.executor.run(sched)
+            updated = self.scheduler.postprocess(sched, sampled.token_ids)
+            now = time.monotonic()
+            for row, seq in enumerate(updated):
+                req, i = self._seq_to_request[seq.seq_id]
+                self._on_token(req, i, seq, sampled.logprobs_of(row), now)
+                touched[req.request_id] = req
+        outputs = [self._snapshot(req) for req in touched.values()]
+        bm = self.block_manager
+        stats = StepStats(
+            num_prefill_tokens=sched.num_prefill_tokens, num_decode_tokens=sched.num_decode_tokens,
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_preempted=len(sched.preempted), kv_blocks_used=bm.num_used_blocks, kv_blocks_total=bm.num_blocks,
+            prefix_cache_hit_tokens=sched.num_cached_tokens, prefix_cache_query_tokens=sched.num_admitted_tokens,
+            step_time=time.perf_counter() - t0)
+        return outputs, stats
+
+    def _on_token(self, req: _Request, i: int, seq: Sequence, logprobs: dict[int, float] | None, now: float) -> None:
+        out = req.output.outputs[i]
+        token_id = seq.last_token
+        if req.output.first_token_time is None:
+            req.output.first_token_time = now
+            req.output.num_cached_tokens = seq.num_cached_tokens
+        out.delta_token_ids.append(token_id)
+        if logprobs is not None:
+            out.delta_logprobs = (out.delta_logprobs or []) + [logprobs]
+        detok = req.detoks[i]
+        if detok is not None:
+            out.delta_text += detok.step([token_id])
+            if detok.finished_by_stop and not seq.is_finished:
+                self.scheduler.finish(seq, "stop", detok.stop_reason)
+            elif detok.finished_by_stop:
+                seq.finish_reason, seq.stop_reason = "stop", detok.stop_reason
+        if seq.is_finished:
+            out.finish_reason, out.stop_reason = seq.finish_reason, seq.stop_reason
+
+    def _snapshot(self, req: _Request) -> RequestOutput:
+        """Fold this step's deltas into the request's output and return a copy for the caller."""
+        ro = req.output
+        snaps = []
+        for i, out in enumerate(ro.outputs):
+            seq, detok = req.seqs[i], req.detoks[i]
+            out.token_ids.extend(out.delta_token_ids)
+            if out.delta_logprobs:
+                out.logprobs.extend(out.delta_logprobs)
+            if detok is not None:
+                out.text = detok.output_text
+            elif out.finished:
+                out.text = self.decode(out.token_ids, req.params.skip_special_tokens)
+            snaps.append(replace(out, token_ids=list(out.token_ids),
+                                 logprobs=list(out.logprobs) if out.logprobs is not None else None))
+            out.delta_text, out.delta_token_ids, out.delta_logprobs = "", [], None
+            if out.finished:
+                self._seq_to_request.pop(seq.seq_id, None)
+        ro.finished = all(o.finished for o in ro.outputs)
+        if ro.finished:
+            ro.finished_time = time.monotonic()
+            self._requests.pop(req.request_id, None)
+        return replace(ro, outputs=snaps)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self.tokenizer is None:
+            return ""
+        n = len(self.tokenizer)
+        return self.tokenizer.decode([t for t in token_ids if t < n], skip_special_tokens=skip_special_tokens)
+
+    # --------------------------------------------------------------- generate
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[dict]:
+        """Generate for a batch; returns ``[{"text", "token_ids", "finish_reason", ...}]`` in prompt order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
+        encoded = [self._tokenize(p) for p in prompts]
+        for (_, ids), sp in zip(encoded, sampling_params):
+            self._validate(ids, sp)
+        ids = [self._add(text, tok, sp) for (text, tok), sp in zip(encoded, sampling_params)]
+        results: dict[str, RequestOutput] = {}
+        pbar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            pbar = tqdm(total=len(prompts), desc="Processed prompts", dynamic_ncols=True)
+        rates = _ThroughputMeter()
+        try:
+            pending = set(ids)
+            while pending:
+                outputs, stats = self.step()
+                if pbar is not None:
+                    pbar.set_postfix_str(rates.update(stats), refresh=False)
+                for o in outputs:
+                    if o.finished and o.request_id in pending:
+                        results[o.request_id] = o
+                        pending.discard(o.request_id)
+                        if pbar is not None:
+                            pbar.update(1)
+        except BaseException:
+            for rid in ids:
+                self.abort_request(rid)
+            raise
+        finally:
+            if pbar is not None:
+                pbar.close()
+        return [results[rid].to_dict() for rid in ids]
+
+    # -------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        executor = getattr(self, "executor", None)
+        if executor is not None:
+            executor.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _ThroughputMeter:
+    """Prefill and decode tokens per second over the wall time of the steps that did each."""
+
+    def __init__(self):
+        self.tokens = {"prefill": 0, "decode": 0}
+        self.time = {"prefill": 0.0, "decode": 0.0}
+
+    def update(self, stats: StepStats) -> str:
+        total = stats.num_prefill_tokens + stats.num_decode_tokens
+        for key, n in (("prefill", stats.num_prefill_tokens), ("decode", stats.num_decode_tokens)):
+            if n:  # a mixed step's time is shared in proportion to its tokens
+                self.tokens[key] += n
+                self.time[key] += stats.step_time * n / total
+        rate = {k: self.tokens[k] / self.time[k] if self.time[k] else 0.0 for k in self.tokens}
+        return f"prefill={rate['prefill']:.0f}tok/s, decode={rate['decode']:.0f}tok/s"
+
+
+def _load_tokenizer(path: str):
+    import os
+
+    if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json",
+                                                                "vocab.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, use_fast=True)

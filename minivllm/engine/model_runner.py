@@ -1,0 +1,202 @@
+"""ModelRunner: owns the model, the paged KV cache and (on CUDA) the decode CUDA graphs.
+
+``run(scheduler_output)`` builds the flattened batch, runs the forward pass and samples the
+rows whose tokens are all computed. Rank 0 samples; other tensor-parallel ranks only run
+``execute`` on the same ``StepInputs``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from minivllm.config import Config
+from minivllm.engine.executor import SampledTokens
+from minivllm.engine.scheduler import SchedulerOutput
+from minivllm.engine.step_inputs import StepInputs, build_step_inputs
+from minivllm.layers.attention import Attention
+from minivllm.layers.attention_metadata import AttentionMetadata
+from minivllm.layers.sampler import Sampler, build_sampling_metadata
+from minivllm.models.loader import init_dummy_weights, load_weights
+from minivllm.models.registry import get_model_class
+
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ModelRunner:
+    """Runs the model for one rank. See the module docstring."""
+
+    def __init__(self, config: Config, rank: int = 0):
+        self.config = config
+        self.rank = rank
+        self.block_size = config.kvcache_block_size
+        self.dtype = _TORCH_DTYPES[config.dtype]
+        if config.device == "cpu":
+            self.device = torch.device("cpu")
+        else:
+            index = rank if config.device == "cuda" else int(config.device.split(":")[1]) + rank
+            self.device = torch.device("cuda", index)
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(config.seed)
+        mc = config.model_config
+        model_cls = get_model_class(mc.architecture)
+        with torch.device(self.device):
+            prev = torch.get_default_dtype()
+            torch.set_default_dtype(self.dtype)
+            try:
+                self.model = model_cls(mc, max_position=config.max_model_len, backend=config.attention_backend)
+            finally:
+                torch.set_default_dtype(prev)
+        self.model.eval()
+        if config.load_format == "dummy":
+            init_dummy_weights(self.model, seed=config.seed)
+        else:
+            load_weights(self.model, config.model)
+        self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.sampler = Sampler()
+        self.vocab_size = mc.vocab_size
+        self.eos_token_ids = list(mc.eos_token_ids)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.num_kvcache_blocks = self._allocate_kv_cache()
+        if self.device.type == "cuda" and not config.enforce_eager:
+            from minivllm.engine.cuda_graphs import DecodeGraphRunner
+
+            self.graph_runner = DecodeGraphRunner(self)
+        else:
+            self.graph_runner = None
+
+    # ------------------------------------------------------------------ KV cache
+    def _block_bytes(self) -> int:
+        layer = self.attn_layers[0]
+        return (2 * len(self.attn_layers) * self.block_size * layer.num_kv_heads * layer.head_dim
+                * self.dtype.itemsize)
+
+    def _profile_num_blocks(self) -> int:
+        """Blocks that fit in free memory: GPU after a warm-up at the largest batch, CPU from a budget."""
+        cfg = self.config
+        if cfg.num_kvcache_blocks is not None:
+            return cfg.num_kvcache_blocks
+        blocks_per_seq = -(-cfg.max_model_len // self.block_size)
+        if self.device.type == "cpu":
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            budget = min(cfg.cpu_kvcache_space_gib * 2**30, 0.5 * avail)
+            return max(1, min(int(budget // self._block_bytes()), cfg.max_num_seqs * blocks_per_seq + 1))
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._warmup()
+        free, total = torch.cuda.mem_get_info(self.device)
+        stats = torch.cuda.memory_stats(self.device)
+        peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
+        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
+        available = total * cfg.gpu_memory_utilization - used_by_others - peak - (
+            torch.cuda.memory_reserved(self.device) - current)
+        return int(available // self._block_bytes())
+
+    @torch.inference_mode()
+    def _warmup(self) -> None:
+        """One forward at the largest batch (through a throw-away cache) to measure peak activations."""
+        cfg = self.config
+        num_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * cfg.max_model_len)
+        seq_len = min(cfg.max_model_len, num_tokens)
+        num_seqs = max(1, num_tokens // seq_len)
+        blocks = num_seqs * -(-seq_len // self.block_size)
+        self._bind_cache(self._new_cache(blocks))
+        from minivllm.engine.sequence import Sequence
+
+        out = SchedulerOutput()
+        for i in range(num_seqs):
+            seq = Sequence([0] * seq_len)
+            seq.block_table = list(range(i * (blocks // num_seqs), (i + 1) * (blocks // num_seqs)))
+            out.scheduled.append((seq, seq_len))
+        logits = self.execute(build_step_inputs(out, self.block_size))
+        del logits
+        self._bind_cache(None)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+
+    def _new_cache(self, num_blocks: int) -> torch.Tensor:
+        layer = self.attn_layers[0]
+        # [2, layers, blocks, block_size, kv_heads, head_dim]
+        return torch.zeros(2, len(self.attn_layers), num_blocks, self.block_size, layer.num_kv_heads,
+                           layer.head_dim, dtype=self.dtype, device=self.device)
+
+    def _bind_cache(self, cache: torch.Tensor | None) -> None:
+        self.kv_cache = cache
+        for i, layer in enumerate(self.attn_layers):
+            if cache is None:
+                layer.k_cache = layer.v_cache = torch.tensor([])
+            else:
+                layer.k_cache, layer.v_cache = cache[0, i], cache[1, i]
+
+    def _allocate_kv_cache(self) -> int:
+        num_blocks = self._profile_num_blocks()
+        if self.config.tensor_parallel_size > 1:
+            import torch.distributed as dist
+
+            t = torch.tensor([num_blocks], device=self.device if self.device.type == "cuda" else "cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            num_blocks = int(t.item())
+        if num_blocks < 1:
+            raise RuntimeError(
+                "no memory is left for the KV cache: raise gpu_memory_utilization, lower max_num_batched_tokens, "
+                "or use a smaller model")
+        self._bind_cache(self._new_cache(num_blocks))
+        return num_blocks
+
+    # ------------------------------------------------------------------- forward
+    def _to_device(self, a, dtype=None) -> torch.Tensor:
+        t = torch.from_numpy(a)
+        if self.device.type == "cuda":
+            t = t.pin_memory().to(self.device, non_blocking=True)
+        return t if dtype is None else t.to(dtype)
+
+    def attention_metadata(self, inp: StepInputs) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self._to_device(inp.slot_mapping),
+            cu_seqlens_q=self._to_device(inp.cu_seqlens_q),
+            context_lens=self._to_device(inp.context_lens),
+            block_tables=self._to_device(inp.block_tables),
+            max_seqlen_q=inp.max_seqlen_q,
+            max_context_len=inp.max_context_len,
+            is_decode=inp.is_decode,
+            num_rows=inp.num_rows,
+            cu_seqlens_q_cpu=inp.cu_seqlens_q.tolist(),
+            context_lens_cpu=inp.context_lens.tolist(),
+            is_fresh_prefill=inp.is_fresh_prefill,
+        )
+
+    @torch.inference_mode()
+    def execute(self, inp: StepInputs) -> torch.Tensor | None:
+        """Forward pass on every rank; returns logits of the sampled rows on rank 0 ([rows, vocab])."""
+        if self.graph_runner is not None and self.graph_runner.can_run(inp):
+            hidden = self.graph_runner.run(inp)
+        else:
+            meta = self.attention_metadata(inp)
+            hidden = self.model(self._to_device(inp.input_ids), self._to_device(inp.positions), meta)
+        if len(inp.sample_indices) == 0:
+            return None
+        hidden = hidden[self._to_device(inp.sample_indices)]  # [rows, hidden]
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput, inp: StepInputs | None = None) -> SampledTokens:
+        """One step: prepare, forward, sample. Returns one token per sampled row (batch order)."""
+        inp = inp if inp is not None else build_step_inputs(out, self.block_size)
+        logits = self.execute(inp)
+        if logits is None:
+            return SampledTokens([])
+        return self.sample(logits, [seq for seq, n in out.scheduled if seq.num_computed_tokens + n == seq.num_tokens])
+
+    def sample(self, logits: torch.Tensor, seqs: list) -> SampledTokens:
+        meta = build_sampling_metadata(
+            [s.sampling_params for s in seqs], [s.prompt_token_ids for s in seqs],
+            [s.completion_token_ids for s in seqs], self.eos_token_ids, self.device, self.vocab_size)
+        res = self.sampler(logits, meta)
+        want = [s.sampling_params.logprobs for s in seqs]
+        if res.logprobs is None or all(w is None for w in want):
+            return SampledTokens(res.sampled_token_ids.tolist())
+        return SampledTokens(
+            res.sampled_token_ids.tolist(), res.logprobs.tolist(),
+            res.top_logprobs_ids.tolist() if res.top_logprobs_ids is not None else [[] for _ in seqs],
+            res.top_logprobs.tolist() if res.top_logprobs is not None else [[] for _ in seqs], want)

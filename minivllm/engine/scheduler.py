@@ -1,0 +1,239 @@
+"""Token-budget scheduler (vLLM V1 style): decode first, chunked prefill, mixed steps. Pure Python."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from minivllm.engine.block_manager import BlockManager
+from minivllm.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """What one step computes: ``(seq, num_new_tokens)`` rows in batch order."""
+
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    preempted: list[Sequence] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prefix-cache hit tokens of the sequences admitted this step
+    num_admitted_tokens: int = 0  # tokens of the sequences admitted this step (hit-rate denominator)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.num_prefill_tokens == 0 and self.num_decode_tokens > 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Decides, each step, which sequences compute how many tokens.
+
+    Order within the ``max_num_batched_tokens`` budget: running decode sequences (one token
+    each), then running partial prefills, then new sequences from the waiting queue (FCFS).
+    A prompt that does not fit what is left of the budget (or exceeds
+    ``long_prefill_threshold``) is computed in chunks; it stays RUNNING meanwhile and is
+    sampled only once every token is computed. When blocks run out, the running sequence
+    with the least progress is preempted: its blocks are freed and it goes back to the head
+    of the waiting queue, to be recomputed (its full blocks usually come back from the
+    prefix cache).
+    """
+
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, eos_token_ids: list[int] | None = None,
+                 enable_chunked_prefill: bool = True, max_num_partial_prefills: int = 1,
+                 max_long_partial_prefills: int = 1, long_prefill_threshold: int = 0):
+        if block_manager.num_blocks * block_manager.block_size < max_model_len:
+            raise ValueError(
+                f"the KV cache holds {block_manager.num_blocks} blocks x {block_manager.block_size} tokens = "
+                f"{block_manager.num_blocks * block_manager.block_size} tokens, fewer than max_model_len "
+                f"({max_model_len}): one sequence could never finish; raise num_kvcache_blocks or "
+                f"lower max_model_len")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = set(eos_token_ids or [])
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.max_num_partial_prefills = max_num_partial_prefills
+        self.max_long_partial_prefills = max_long_partial_prefills
+        self.long_prefill_threshold = long_prefill_threshold
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # ----------------------------------------------------------------- queues
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (FCFS)."""
+        if seq.num_tokens > self.max_model_len:
+            raise ValueError(f"sequence of {seq.num_tokens} tokens exceeds max_model_len {self.max_model_len}")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ------------------------------------------------------------- scheduling
+    def _chunk_cap(self) -> int:
+        return self.long_prefill_threshold if self.long_prefill_threshold > 0 else 1 << 62
+
+    def _is_long(self, num_tokens: int) -> bool:
+        return 0 < self.long_prefill_threshold < num_tokens
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's rows; allocates their slots and may preempt. See the class docstring."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled_ids: set[int] = set()
+        num_partial = num_long_partial = 0
+
+        decodes = [s for s in self.running if not s.is_prefilling]
+        prefills = [s for s in self.running if s.is_prefilling]
+        for seq in decodes + prefills:
+            if budget <= 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            remaining = seq.num_uncomputed_tokens
+            num_new = min(remaining, budget, self._chunk_cap())
+            while not self.block_manager.allocate_slots(seq, num_new):
+                victim = self._pick_victim(seq, scheduled_ids)
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                continue
+            if num_new < remaining:
+                num_partial += 1
+                num_long_partial += self._is_long(remaining)
+            self._add_row(out, seq, num_new)
+            scheduled_ids.add(seq.seq_id)
+            budget -= num_new
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = self.waiting[0]
+            computed = self.block_manager.get_computed_blocks(seq)
+            remaining = seq.num_tokens - len(computed) * self.block_manager.block_size
+            num_new = min(remaining, budget, self._chunk_cap())
+            if num_new < remaining:
+                if not self.enable_chunked_prefill or num_partial >= self.max_num_partial_prefills:
+                    break
+                if self._is_long(remaining) and num_long_partial >= self.max_long_partial_prefills:
+                    break
+            if not self.block_manager.allocate_slots(seq, num_new, computed):
+                break
+            if num_new < remaining:
+                num_partial += 1
+                num_long_partial += self._is_long(remaining)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.num_cached_tokens += seq.num_cached_tokens
+            out.num_admitted_tokens += seq.num_tokens
+            self._add_row(out, seq, num_new)
+            scheduled_ids.add(seq.seq_id)
+            budget -= num_new
+        return out
+
+    @staticmethod
+    def _add_row(out: SchedulerOutput, seq: Sequence, num_new: int) -> None:
+        out.scheduled.append((seq, num_new))
+        if seq.is_prefilling:
+            out.num_prefill_tokens += num_new
+        else:
+            out.num_decode_tokens += num_new
+
+    def _pick_victim(self, seq: Sequence, scheduled_ids: set[int]) -> Sequence:
+        """The unscheduled running sequence (or ``seq`` itself) with the fewest computed tokens, newest first."""
+        candidates = [s for s in self.running if s.seq_id not in scheduled_ids]
+        return min(candidates, key=lambda s: (s.num_computed_tokens, -s.seq_id))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        self.running.remove(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ---------------------------------------------------------- postprocess
+    def postprocess(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
+        """Advance computed counts, append one sampled token per completed row, finish stopped ones.
+
+        ``sampled_token_ids`` has one id per row whose tokens are all computed after this step,
+        in batch order. Returns the sequences that received a token.
+        """
+        sampled = iter(sampled_token_ids)
+        updated: list[Sequence] = []
+        any_finished = False
+        for seq, num_new in out.scheduled:
+            seq.num_computed_tokens += num_new
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue
+            token_id = next(sampled)
+            seq.append_token(token_id)
+            updated.append(seq)
+            reason = self._check_stop(seq, token_id)
+            if reason is not None:
+                self._finish(seq, reason, stop_reason=token_id if reason == "stop" else None)
+                any_finished = True
+        if next(sampled, None) is not None:
+            raise RuntimeError("more sampled tokens than completed rows")
+        if any_finished:
+            self.running = [s for s in self.running if s.status == SequenceStatus.RUNNING]
+        return updated
+
+    def _check_stop(self, seq: Sequence, token_id: int) -> str | None:
+        params = seq.sampling_params
+        if seq.num_completion_tokens >= params.min_tokens:
+            if token_id in params.stop_token_ids:
+                return "stop"
+            if not params.ignore_eos and token_id in self.eos_token_ids:
+                return "stop"
+        if params.max_tokens is not None and seq.num_completion_tokens >= params.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        self.block_manager.free(seq)
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        """Finish a sequence from outside (a stop string, an abort) and free its blocks now."""
+        if seq.status == SequenceStatus.FINISHED:
+            return
+        if seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+        self._finish(seq, reason, stop_reason)
+
+    def check_integrity(self) -> dict[str, int]:
+        """Assert queue and block invariants; returns the block manager's counts."""
+        assert len(self.running) <= self.max_num_seqs
+        for seq in self.running:
+            assert seq.status == SequenceStatus.RUNNING
+            assert seq.num_computed_tokens <= seq.num_tokens
+            bs = self.block_manager.block_size
+            assert len(seq.block_table) >= (seq.num_computed_tokens + bs - 1) // bs
+        for seq in self.waiting:
+            assert seq.status == SequenceStatus.WAITING and not seq.block_table
+        ids = [s.seq_id for s in self.running] + [s.seq_id for s in self.waiting]
+        assert len(ids) == len(set(ids)), "a sequence is queued twice"
+        return self.block_manager.check_integrity(self.running)

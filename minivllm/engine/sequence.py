@@ -1,0 +1,88 @@
+"""One request's token stream and its bookkeeping. Pure Python: no torch."""
+
+from __future__ import annotations
+
+from enum import Enum, auto
+from itertools import count
+
+from minivllm.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    """Token ids of one request plus where its KV lives.
+
+    ``num_computed_tokens`` counts the leading tokens whose K/V are in the cache (or are being
+    written by the step in flight). A step schedules ``num_tokens - num_computed_tokens`` new
+    tokens at most; once every known token is computed, the row is sampled and a token appended.
+    NOTE: the last appended token is never computed before the next step, so a running decode
+    sequence always has exactly one uncomputed token.
+    """
+
+    _ids = count()
+
+    def __init__(self, token_ids: list[int], sampling_params: SamplingParams | None = None,
+                 request_id: str | None = None):
+        if not token_ids:
+            raise ValueError("a sequence needs at least one token")
+        self.seq_id = next(Sequence._ids)
+        self.request_id = request_id if request_id is not None else str(self.seq_id)
+        self.status = SequenceStatus.WAITING
+        self.token_ids: list[int] = list(token_ids)
+        self.num_prompt_tokens = len(token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prefix-cache hit tokens at the latest admission
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of full blocks (memo of the block manager)
+        self.sampling_params = sampling_params or SamplingParams()
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort"
+        self.stop_reason: int | str | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, status={self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than the one newest token still needs computing (a prompt or a recompute)."""
+        return len(self.token_ids) - self.num_computed_tokens > 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)

@@ -1,0 +1,1 @@
+"""Attention and cache kernels: a plain torch reference and Triton kernels for the GPU."""

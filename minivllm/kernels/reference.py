@@ -1,0 +1,73 @@
+"""Plain torch reference for the paged KV store and paged attention.
+
+This is the CPU backend of the engine and the ground truth the Triton kernels are tested
+against. Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``; the
+slot of token position ``p`` of a sequence is ``block_table[p // block_size] * block_size +
+p % block_size``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kvcache_ref(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int, -1 = skip
+) -> None:
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    k_flat = k_cache.view(-1, *k_cache.shape[2:])  # [num_blocks * block_size, num_kv_heads, head_dim]
+    v_flat = v_cache.view(-1, *v_cache.shape[2:])
+    k_flat[slots] = key[valid].to(k_cache.dtype)
+    v_flat[slots] = value[valid].to(v_cache.dtype)
+
+
+def gather_kv_ref(
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_table: torch.Tensor,  # [max_blocks] int
+    context_len: int,
+) -> torch.Tensor:  # [context_len, num_kv_heads, head_dim]
+    block_size = cache.shape[1]
+    num_blocks = (context_len + block_size - 1) // block_size
+    blocks = block_table[:num_blocks].long()
+    return cache[blocks].reshape(-1, *cache.shape[2:])[:context_len]
+
+
+def paged_attention_ref(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    cu_seqlens_q: list[int] | torch.Tensor,  # [num_rows + 1]
+    context_lens: list[int] | torch.Tensor,  # [num_rows]
+    block_tables: torch.Tensor,  # [num_rows, max_blocks] int
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Causal attention of each row's new queries over its cached + new keys (float32 softmax)."""
+    if isinstance(cu_seqlens_q, torch.Tensor):
+        cu_seqlens_q = cu_seqlens_q.tolist()
+    if isinstance(context_lens, torch.Tensor):
+        context_lens = context_lens.tolist()
+    num_heads = query.shape[1]
+    num_kv_heads = k_cache.shape[2]
+    out = torch.empty_like(query)
+    for b, ctx in enumerate(context_lens):
+        start, end = cu_seqlens_q[b], cu_seqlens_q[b + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        k = gather_kv_ref(k_cache, block_tables[b], ctx)  # [ctx, num_kv_heads, head_dim]
+        v = gather_kv_ref(v_cache, block_tables[b], ctx)
+        q = query[start:end].transpose(0, 1).float()  # [num_heads, q_len, head_dim]
+        k = k.transpose(0, 1).float().repeat_interleave(num_heads // num_kv_heads, dim=0)
+        v = v.transpose(0, 1).float().repeat_interleave(num_heads // num_kv_heads, dim=0)
+        q_pos = torch.arange(ctx - q_len, ctx).unsqueeze(1)  # [q_len, 1]
+        k_pos = torch.arange(ctx).unsqueeze(0)  # [1, ctx]
+        mask = k_pos <= q_pos  # [q_len, ctx]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [num_heads, q_len, head_dim]
+        out[start:end] = o.transpose(0, 1).to(query.dtype)
+    return out

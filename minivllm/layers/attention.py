@@ -1,0 +1,34 @@
+"""Paged attention layer: stores this step's K/V into the cache, then attends over it."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minivllm.kernels.reference import paged_attention_ref, store_kvcache_ref
+from minivllm.layers.attention_metadata import AttentionMetadata
+
+
+class Attention(nn.Module):
+    """Attention over a paged KV cache; ``k_cache``/``v_cache`` are bound by the model runner.
+
+    backend "torch": the reference (CPU, obviously right); "triton": the GPU kernels.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int, backend: str = "torch"):
+        super().__init__()
+        self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
+        self.backend = backend
+        self.k_cache = self.v_cache = torch.tensor([])
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q: [n, heads, head_dim], k/v: [n, kv_heads, head_dim] -> [n, heads, head_dim]."""
+        if self.k_cache.numel() == 0:
+            raise RuntimeError("the KV cache is not allocated")
+        if self.backend == "triton":
+            from minivllm.kernels.triton_backend import triton_attention
+
+            return triton_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+        store_kvcache_ref(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        return paged_attention_ref(q, self.k_cache, self.v_cache, meta.cu_seqlens_q_cpu or meta.cu_seqlens_q,
+                                   meta.context_lens_cpu or meta.context_lens, meta.block_tables, self.scale)

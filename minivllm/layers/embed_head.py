@@ -1,0 +1,52 @@
+"""Vocabulary-parallel embedding and LM head."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.utils.parallel import tp_rank, tp_size
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Each rank holds a contiguous slice of the vocabulary rows; lookups are summed across ranks."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.num_embeddings = num_embeddings
+        self.per_rank = (num_embeddings + self.tp_size - 1) // self.tp_size
+        self.vocab_start = self.per_rank * self.tp_rank
+        self.vocab_end = min(self.vocab_start + self.per_rank, num_embeddings)
+        self.weight = nn.Parameter(torch.empty(self.per_rank, embedding_dim), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        rows = loaded[self.vocab_start:self.vocab_end]
+        param.data.zero_()
+        param.data[: rows.shape[0]].copy_(rows)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens] -> [num_tokens, hidden]
+        if self.tp_size == 1:
+            return F.embedding(x, self.weight)
+        mask = (x >= self.vocab_start) & (x < self.vocab_end)
+        y = F.embedding((x - self.vocab_start) * mask, self.weight)
+        y = y * mask.unsqueeze(1).to(y.dtype)
+        dist.all_reduce(y)
+        return y
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Projects hidden states to logits; each rank computes its vocab slice, rank 0 gathers them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | None:  # x: [num_rows, hidden] -> [num_rows, vocab]
+        logits = F.linear(x, self.weight)  # [num_rows, per_rank]
+        if self.tp_size == 1:
+            return logits
+        parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+        dist.gather(logits, parts, dst=0)
+        if self.tp_rank != 0:
+            return None
+        return torch.cat(parts, dim=-1)[:, : self.num_embeddings]

@@ -1,0 +1,111 @@
+"""Linear layers that shard their weights across tensor-parallel ranks.
+
+Each parameter carries a ``weight_loader(param, full_checkpoint_tensor[, shard_id])`` that
+copies this rank's slice of the full (unsharded) checkpoint tensor into it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.utils.parallel import divide, tp_rank, tp_size
+
+
+class LinearBase(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
+        super().__init__()
+        self.tp_rank, self.tp_size, self.tp_dim = tp_rank(), tp_size(), tp_dim
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        if self.tp_dim is not None and self.tp_size > 1:
+            shard = param.shape[self.tp_dim]
+            loaded = loaded.narrow(self.tp_dim, self.tp_rank * shard, shard)
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__(input_size, output_size, bias, tp_dim=None)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; no communication."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__(input_size, divide(output_size, tp_size()), bias, tp_dim=0)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul (gate and up); each shard split per rank."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
+        self.output_sizes = output_sizes
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+        offset = divide(sum(self.output_sizes[:shard_id]), self.tp_size)
+        size = divide(self.output_sizes[shard_id], self.tp_size)
+        loaded = loaded.narrow(0, self.tp_rank * size, size)
+        param.data.narrow(0, offset, size).copy_(loaded)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q/k/v projection with GQA head splitting.
+
+    Query heads split evenly across ranks. KV heads split too when there are at least as many
+    as ranks; otherwise each KV head is replicated on ``tp_size / num_kv_heads`` ranks.
+    """
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
+        size = tp_size()
+        self.head_dim = head_dim
+        self.num_heads = divide(num_heads, size)
+        if num_kv_heads >= size:
+            self.num_kv_heads = divide(num_kv_heads, size)
+        else:
+            divide(size, num_kv_heads)
+            self.num_kv_heads = 1
+        self.num_kv_replicas = max(1, size // num_kv_heads)
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        LinearBase.__init__(self, hidden_size, out, bias, tp_dim=0)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if shard_id == "q":
+            offset, size, start = 0, q_size, self.tp_rank * q_size
+        else:
+            offset = q_size if shard_id == "k" else q_size + kv_size
+            size, start = kv_size, (self.tp_rank // self.num_kv_replicas) * kv_size
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; partial outputs summed with an all-reduce."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__(divide(input_size, tp_size()), output_size, bias, tp_dim=1)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        if param.dim() == 1:  # bias: added once, on rank 0
+            param.data.copy_(loaded if self.tp_rank == 0 else torch.zeros_like(loaded))
+            return
+        super().weight_loader(param, loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if self.tp_size > 1:
+            dist.all_reduce(y)
+        return y

@@ -1,0 +1,62 @@
+"""Load weights from ``*.safetensors`` (HF names mapped onto fused q/k/v and gate/up), or dummy ones."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+
+def load_weights(model: nn.Module, path: str) -> None:
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path!r} (use load_format='dummy' for random weights)")
+    packed = getattr(model, "packed_modules_mapping", {})
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for file in files:
+        with safe_open(file, "pt", "cpu") as f:
+            for name in f.keys():
+                if "rotary_emb.inv_freq" in name:
+                    continue
+                if name == "lm_head.weight" and getattr(model, "tie_word_embeddings", False):
+                    continue
+                target, shard_id = name, None
+                for hf_name, (ours, sid) in packed.items():
+                    if f".{hf_name}." in name:
+                        target, shard_id = name.replace(hf_name, ours), sid
+                        break
+                param = params.get(target)
+                if param is None:
+                    raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(model).__name__}")
+                loader = getattr(param, "weight_loader", None)
+                tensor = f.get_tensor(name)
+                if loader is None:
+                    param.data.copy_(tensor)
+                elif shard_id is None:
+                    loader(param, tensor)
+                else:
+                    loader(param, tensor, shard_id)
+                loaded.add(target)
+    missing = {n for n in params if n not in loaded}
+    if getattr(model, "tie_word_embeddings", False):
+        missing.discard("lm_head.weight")
+    if missing:
+        raise ValueError(f"checkpoint {path!r} lacks weights for: {', '.join(sorted(missing)[:8])}")
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights of the right shapes (benchmarks); norms get ones. Same on every TP rank."""
+    gens: dict[torch.device, torch.Generator] = {}
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+            continue
+        gen = gens.get(param.device)
+        if gen is None:
+            gen = gens[param.device] = torch.Generator(device=param.device).manual_seed(seed)
+        param.normal_(0.0, std, generator=gen)

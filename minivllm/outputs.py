@@ -1,0 +1,69 @@
+"""What the engine hands back: per-request outputs and per-step statistics. Plain dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a request (``n`` of them when ``SamplingParams.n > 1``)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    logprobs: list[dict[int, float]] | None = None  # per token: {token_id: logprob}, sampled one first
+    delta_text: str = ""  # text added by the latest step (streaming)
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[dict[int, float]] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    num_cached_tokens: int = 0
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    def to_dict(self) -> dict:
+        """The ``LLM.generate`` result: the first completion's text and ids, plus all completions."""
+        first = self.outputs[0]
+        d = {"text": first.text, "token_ids": list(first.token_ids), "finish_reason": first.finish_reason}
+        if first.logprobs is not None:
+            d["logprobs"] = first.logprobs
+        if len(self.outputs) > 1:
+            d["outputs"] = [{"text": o.text, "token_ids": list(o.token_ids), "finish_reason": o.finish_reason,
+                             **({"logprobs": o.logprobs} if o.logprobs is not None else {})}
+                            for o in self.outputs]
+        return d
+
+
+@dataclass
+class StepStats:
+    """What one ``LLMEngine.step()`` did; the progress bar and the server's metrics read it."""
+
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_preempted: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_query_tokens: int = 0
+    step_time: float = 0.0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0

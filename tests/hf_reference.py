@@ -1,0 +1,28 @@
+"""Greedy references from Hugging Face transformers, one prompt at a time (no padding)."""
+
+from functools import lru_cache
+
+import torch
+
+
+@lru_cache(maxsize=4)
+def _hf_model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    model = _hf_model(path)
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def hf_logits(path: str, token_ids: list[int]) -> torch.Tensor:
+    """Logits [len, vocab] of the full sequence."""
+    model = _hf_model(path)
+    with torch.no_grad():
+        return model(torch.tensor([token_ids])).logits[0].float()

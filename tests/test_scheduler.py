@@ -1,0 +1,142 @@
+"""Scheduler step by step: exact rows, budgets, queue contents, preemption and chunking."""
+
+from minivllm.engine.sequence import SequenceStatus
+from scheduler_utils import EOS, make_scheduler, make_seq, step
+
+
+def rows(out):
+    return [(seq.seq_id, n) for seq, n in out.scheduled]
+
+
+def test_prefill_then_decode_in_one_budget():
+    s = make_scheduler(budget=64)
+    a, b = make_seq(20), make_seq(30, start=1000)
+    s.add(a), s.add(b)
+    out = step(s)
+    assert rows(out) == [(a.seq_id, 20), (b.seq_id, 30)]
+    assert (out.num_prefill_tokens, out.num_decode_tokens) == (50, 0)
+    assert a.num_completion_tokens == 1 and b.num_completion_tokens == 1
+    assert a.block_table == [0, 1] and b.block_table == [2, 3]
+    out = step(s)
+    assert rows(out) == [(a.seq_id, 1), (b.seq_id, 1)] and out.is_decode_only
+
+
+def test_chunked_prefill_and_mixed_step():
+    s = make_scheduler(budget=16, max_model_len=512)
+    short = make_seq(4, max_tokens=8)
+    s.add(short)
+    step(s)  # short: prefilled, one token
+    long = make_seq(40, max_tokens=2, start=500)
+    s.add(long)
+    out = step(s)
+    # decode of `short` first, then a 15-token chunk of `long` (budget 16)
+    assert rows(out) == [(short.seq_id, 1), (long.seq_id, 15)]
+    assert out.num_prefill_tokens == 15 and out.num_decode_tokens == 1
+    assert long.status == SequenceStatus.RUNNING and long.num_computed_tokens == 15
+    assert long.num_completion_tokens == 0  # a partial prefill is not sampled
+    out = step(s)
+    assert rows(out) == [(short.seq_id, 1), (long.seq_id, 15)]
+    out = step(s)
+    assert rows(out) == [(short.seq_id, 1), (long.seq_id, 10)]
+    assert long.num_completion_tokens == 1
+
+
+def test_partial_prefill_limits():
+    # threshold 8 caps each chunk, so two prompts could both be partial in one step
+    s = make_scheduler(budget=32, max_model_len=512, long_prefill_threshold=8)
+    a, b = make_seq(20), make_seq(20, start=300)
+    s.add(a), s.add(b)
+    assert rows(step(s)) == [(a.seq_id, 8)]  # b would be a second partial prefill
+    assert list(s.waiting) == [b]
+    s2 = make_scheduler(budget=32, max_model_len=512, long_prefill_threshold=8,
+                        max_num_partial_prefills=2, max_long_partial_prefills=1)
+    a, b = make_seq(20), make_seq(20, start=300)
+    s2.add(a), s2.add(b)
+    assert rows(step(s2)) == [(a.seq_id, 8)]  # b is long too: only one long partial prefill
+    c = make_seq(6, start=900)
+    s3 = make_scheduler(budget=32, max_model_len=512, long_prefill_threshold=8,
+                        max_num_partial_prefills=2, max_long_partial_prefills=2)
+    a, b = make_seq(20), make_seq(20, start=300)
+    s3.add(a), s3.add(b), s3.add(c)
+    assert rows(step(s3)) == [(a.seq_id, 8), (b.seq_id, 8), (c.seq_id, 6)]
+
+
+def test_long_prefill_threshold_caps_chunks():
+    s = make_scheduler(budget=64, max_model_len=512, long_prefill_threshold=8)
+    a = make_seq(20)
+    s.add(a)
+    assert rows(step(s)) == [(a.seq_id, 8)]
+    assert rows(step(s)) == [(a.seq_id, 8)]
+    assert rows(step(s)) == [(a.seq_id, 4)]
+
+
+def test_preemption_frees_least_progress_and_readmits_at_head():
+    # 6 blocks of 16; max_model_len 96 = 6 blocks
+    s = make_scheduler(num_blocks=6, budget=256, max_model_len=96)
+    a = make_seq(32, max_tokens=40)
+    b = make_seq(31, max_tokens=40, start=400)
+    c = make_seq(8, max_tokens=2, start=700)
+    s.add(a), s.add(b)
+    step(s)  # a: 33 tokens (3 blocks), b: 32 tokens (2 blocks); 1 block free
+    s.add(c)
+    out = step(s)  # decodes; c needs 1 block: admitted
+    assert [seq for seq, _ in out.scheduled][-1] is c and s.block_manager.num_free_blocks == 0
+    # next decode: b's token 33 needs a new block -> preempt the one with least progress: c
+    out = step(s)
+    assert out.preempted == [c]
+    assert c.status == SequenceStatus.WAITING and list(s.waiting) == [c] and c.block_table == []
+    assert s.num_preemptions == 1
+
+
+def test_preempted_sequence_gets_its_prefix_back_from_the_cache():
+    s = make_scheduler(num_blocks=4, budget=256, max_model_len=64)
+    a = make_seq(40, max_tokens=24)
+    s.add(a)
+    step(s)
+    blocks_before = list(a.block_table)
+    s._preempt(a)
+    out = step(s)
+    # 41 tokens (40 prompt + 1 generated): two full blocks come back, 9 tokens are recomputed
+    assert a.num_cached_tokens == 32 and a.block_table[:2] == blocks_before[:2]
+    assert rows(out) == [(a.seq_id, 9)]
+    assert a.num_completion_tokens == 2
+
+
+def test_max_num_seqs_and_fcfs():
+    s = make_scheduler(max_num_seqs=2, budget=256)
+    seqs = [make_seq(5, start=100 * i) for i in range(3)]
+    for q in seqs:
+        s.add(q)
+    out = step(s)
+    assert [q for q, _ in out.scheduled] == seqs[:2]
+    assert list(s.waiting) == [seqs[2]]
+
+
+def test_stops_on_eos_unless_ignored_and_frees_blocks():
+    s = make_scheduler()
+    a = make_seq(5, max_tokens=10, ignore_eos=False)
+    s.add(a)
+    out = s.schedule()
+    s.postprocess(out, [EOS])
+    assert a.is_finished and a.finish_reason == "stop" and a.block_table == []
+    assert s.is_finished() and s.block_manager.num_used_blocks == 0
+
+
+def test_max_tokens_and_max_model_len_give_length():
+    s = make_scheduler(max_model_len=8)
+    a = make_seq(5, max_tokens=10)
+    s.add(a)
+    while not s.is_finished():
+        step(s)
+    assert a.finish_reason == "length" and a.num_tokens == 8
+
+
+def test_external_finish_of_waiting_and_running():
+    s = make_scheduler(max_num_seqs=1)
+    a, b = make_seq(5), make_seq(5, start=50)
+    s.add(a), s.add(b)
+    step(s)
+    s.finish(b, "abort")
+    s.finish(a, "abort")
+    assert s.is_finished() and s.block_manager.num_used_blocks == 0
+    s.check_integrity()
