@@ -58,6 +58,7 @@ class StepStats:
     num_running: int = 0
     num_waiting: int = 0
     num_preempted: int = 0
+    num_scheduled_seqs: int = 0  # rows in this step's batch
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     prefix_cache_hit_tokens: int = 0

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import time
+import weakref
 from dataclasses import replace
 from itertools import count
 
@@ -57,8 +57,9 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._seq_to_request: dict[int, tuple[_Request, int]] = {}
         self._ids = count()
-        self._closed = False
-        atexit.register(self.close)
+        # NOTE: a finalizer (not atexit.register(self.close)) so a dropped engine can be collected;
+        # it also runs at interpreter exit.
+        self._finalizer = weakref.finalize(self, self.executor.close)
 
     # ------------------------------------------------------------------ input
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
@@ -109,7 +110,7 @@ class LLMEngine:
             req.seqs.append(seq)
             req.detoks.append(IncrementalDetokenizer(
                 self.tokenizer, token_ids, skip_special_tokens=p.skip_special_tokens, stop=p.stop_strings,
-                include_stop_str_in_output=p.include_stop_str_in_output)
+                include_stop_str_in_output=p.include_stop_str_in_output, min_tokens=p.min_tokens)
                 if needs_detok and self.tokenizer is not None else None)
         for i, seq in enumerate(req.seqs):
             self.scheduler.add(seq)
@@ -158,7 +159,7 @@ class LLMEngine:
         stats = StepStats(
             num_prefill_tokens=sched.num_prefill_tokens, num_decode_tokens=sched.num_decode_tokens,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_preempted=len(sched.preempted), kv_blocks_used=bm.num_used_blocks, kv_blocks_total=bm.num_blocks,
+            num_preempted=len(sched.preempted), num_scheduled_seqs=len(sched.scheduled), kv_blocks_used=bm.num_used_blocks, kv_blocks_total=bm.num_blocks,
             prefix_cache_hit_tokens=sched.num_cached_tokens, prefix_cache_query_tokens=sched.num_admitted_tokens,
             step_time=time.perf_counter() - t0)
         return outputs, stats
@@ -174,11 +175,12 @@ class LLMEngine:
             out.delta_logprobs = (out.delta_logprobs or []) + [logprobs]
         detok = req.detoks[i]
         if detok is not None:
-            out.delta_text += detok.step([token_id])
-            if detok.finished_by_stop and not seq.is_finished:
-                self.scheduler.finish(seq, "stop", detok.stop_reason)
-            elif detok.finished_by_stop:
-                seq.finish_reason, seq.stop_reason = "stop", detok.stop_reason
+            if seq.is_finished and seq.finish_reason == "stop":
+                out.delta_text += detok.finish()  # a stop token id adds no text (as in vLLM)
+            else:
+                out.delta_text += detok.step([token_id], finished=seq.is_finished)
+                if detok.finished_by_stop and not seq.is_finished:
+                    self.scheduler.finish(seq, "stop", detok.stop_reason)
         if seq.is_finished:
             out.finish_reason, out.stop_reason = seq.finish_reason, seq.stop_reason
 
@@ -259,12 +261,10 @@ class LLMEngine:
 
     # -------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        executor = getattr(self, "executor", None)
-        if executor is not None:
-            executor.close()
+        """Release the model, the KV cache and any worker processes (idempotent)."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
 
     def __enter__(self):
         return self

@@ -57,14 +57,12 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = mc.vocab_size
         self.eos_token_ids = list(mc.eos_token_ids)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graph_runner = None
         self.num_kvcache_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda" and not config.enforce_eager:
             from minivllm.engine.cuda_graphs import DecodeGraphRunner
 
             self.graph_runner = DecodeGraphRunner(self)
-        else:
-            self.graph_runner = None
 
     # ------------------------------------------------------------------ KV cache
     def _block_bytes(self) -> int:

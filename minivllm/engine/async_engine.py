@@ -1,0 +1,241 @@
+"""AsyncLLM: an engine stepped by its own thread, driven from asyncio (continuous batching).
+
+The engine is not thread-safe, so an ``EngineLoop`` thread builds it and makes every engine call.
+This module is the asyncio side: ``add_request`` sends an ``add`` command and awaits the engine's
+verdict (its ValueError reaches the caller), and each step's outputs come back with
+``loop.call_soon_threadsafe`` into one ``asyncio.Queue`` per request. The event loop never blocks
+on the model; requests that arrive mid-flight join the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, Protocol
+
+from minivllm.engine.engine_loop import EngineDeadError, EngineLoop, EngineNotReadyError
+from minivllm.outputs import CompletionOutput, RequestOutput, StepStats
+from minivllm.sampling_params import SamplingParams
+
+__all__ = ["AsyncLLM", "EngineDeadError", "EngineNotReadyError", "RequestStream", "StatLogger"]
+
+
+class StatLogger(Protocol):
+    """Receives what the engine loop does; called on the engine loop thread."""
+
+    def on_step(self, outputs: list[RequestOutput], stats: StepStats, now: float) -> None: ...
+
+    def on_abort(self, request_id: str, now: float) -> None: ...
+
+
+_ABORTED = object()  # queued to a stream that was aborted from the asyncio side
+
+
+class RequestStream:
+    """One request's outputs as an async iterator (each item carries that step's deltas).
+
+    Iteration ends after the output with ``finished`` set. If the consumer stops early (it is
+    cancelled, or it closes the iterator), the request is aborted and its KV blocks are freed.
+    """
+
+    def __init__(self, llm: AsyncLLM, request_id: str, params: SamplingParams):
+        self.request_id, self.params, self.finished = request_id, params, False
+        self._llm = llm
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._last: RequestOutput | None = None
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                if item is _ABORTED:
+                    item = self._aborted_output()
+                self.finished, self._last = item.finished, item
+                yield item
+        finally:
+            self.abort()
+
+    def _aborted_output(self) -> RequestOutput:
+        """The final output of a request aborted from outside: what it had, finish_reason "abort"."""
+        last = self._last
+        if last is None:
+            return RequestOutput(self.request_id, None, [], [CompletionOutput(i, finish_reason="abort")
+                                                             for i in range(self.params.n)], finished=True)
+        outs = [CompletionOutput(o.index, o.text, list(o.token_ids), o.finish_reason or "abort", o.stop_reason,
+                                 o.logprobs) for o in last.outputs]
+        return RequestOutput(self.request_id, last.prompt, last.prompt_token_ids, outs, finished=True)
+
+    def abort(self) -> None:
+        """Abort the request unless it already finished (idempotent; call on the event loop)."""
+        if not self.finished:
+            self.finished = True
+            self._llm.abort(self.request_id)
+
+
+class AsyncLLM:
+    """An ``LLMEngine`` on its own thread, with an asyncio API.
+
+    ``AsyncLLM.from_model(path, **engine_kwargs)`` or ``AsyncLLM(engine_factory)``; call
+    :meth:`start` inside the running event loop, then ``await add_request(...)`` (or iterate
+    :meth:`generate`), and ``await shutdown()`` at the end.
+    """
+
+    def __init__(self, engine_factory: Callable[[], Any], stat_loggers: Iterable[StatLogger] = ()):
+        self._factory = engine_factory
+        self.stat_loggers: list[StatLogger] = list(stat_loggers)
+        self._streams: dict[str, RequestStream] = {}
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._worker: EngineLoop | None = None
+        self._ready_event: asyncio.Event | None = None
+
+    @classmethod
+    def from_model(cls, model: str, stat_loggers: Iterable[StatLogger] = (), **engine_kwargs) -> AsyncLLM:
+        """An AsyncLLM that builds ``LLMEngine(model, **engine_kwargs)`` on its thread."""
+        def factory():
+            from minivllm.engine.llm_engine import LLMEngine
+
+            return LLMEngine(model, **engine_kwargs)
+
+        return cls(factory, stat_loggers)
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Start the engine loop thread (it builds the engine); call from the running event loop."""
+        if self._worker is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._ready_event = asyncio.Event()
+        self._worker = EngineLoop(self._factory, self.stat_loggers, on_ready=self._threadsafe(self._ready_event.set),
+                                  on_outputs=self._threadsafe(self._dispatch),
+                                  on_failed=self._threadsafe(self._on_failed))
+        self._worker.start()
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that stopped the engine loop, if any."""
+        return self._worker.error if self._worker is not None else None
+
+    @property
+    def engine(self) -> Any:
+        """The engine (built on, and owned by, the engine loop thread); None until ready."""
+        return self._worker.engine if self._worker is not None and self._worker.ready.is_set() else None
+
+    @property
+    def is_ready(self) -> bool:
+        """True once the engine is built, while it is healthy and not shutting down."""
+        return self.engine is not None and self.error is None and not self._stopping
+
+    async def wait_ready(self) -> None:
+        """Wait until the engine is built (after :meth:`start`); raises EngineDeadError if that failed."""
+        await self._ready_event.wait()
+        if self.error is not None:
+            raise EngineDeadError(f"the engine failed: {self.error!r}") from self.error
+
+    @property
+    def tokenizer(self):
+        """The engine's Hugging Face tokenizer (read-only use from the event loop is fine)."""
+        return self.engine.tokenizer if self.engine is not None else None
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.config.max_model_len
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Token ids to text (ids outside the tokenizer's vocabulary are dropped)."""
+        tok = self.tokenizer
+        if tok is None:
+            return ""
+        n = len(tok)
+        return tok.decode([t for t in token_ids if 0 <= t < n], skip_special_tokens=skip_special_tokens)
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests and abort the ones in flight (their streams end with "abort")."""
+        self._stopping = True
+        for request_id in list(self._streams):
+            self.abort(request_id)
+
+    async def shutdown(self, timeout: float = 30.0) -> None:
+        """Abort everything, stop the engine loop thread and close the engine."""
+        self.begin_shutdown()
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.stop, timeout)
+
+    # ------------------------------------------------------------- requests
+    def check_usable(self) -> None:
+        """Raise EngineDeadError or EngineNotReadyError unless requests can be added now."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine failed: {self.error!r}")
+        if self._stopping:
+            raise EngineNotReadyError("the server is shutting down")
+        if self.engine is None:
+            raise EngineNotReadyError("the engine is still loading")
+
+    async def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                          stream: bool = True) -> RequestStream:
+        """Queue a request; returns its output stream once the engine accepted it.
+
+        Raises ValueError (bad prompt or parameters), EngineNotReadyError or EngineDeadError.
+        ``stream=True`` makes the engine detokenize every step (``delta_text``).
+        """
+        self.check_usable()
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        rs = self._streams[request_id] = RequestStream(self, request_id, params)
+        try:
+            await asyncio.wrap_future(self._worker.add(request_id, prompt, params, stream))
+        except asyncio.CancelledError:
+            rs.abort()  # the add may still happen: the abort queued behind it undoes it
+            raise
+        except BaseException:
+            rs.finished = True
+            self._streams.pop(request_id, None)
+            raise
+        return rs
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Add a request and yield its outputs; stopping the iteration early aborts it."""
+        rs = await self.add_request(prompt, params, request_id)
+        async for out in rs:
+            yield out
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request and free its KV blocks now (call on the event loop; unknown ids are ignored)."""
+        rs = self._streams.pop(request_id, None)
+        if rs is not None:
+            rs._queue.put_nowait(_ABORTED)
+            self._worker.abort(request_id)
+
+    # ------------------------------------------- called from the engine loop
+    def _threadsafe(self, fn: Callable) -> Callable:
+        def call(*args) -> None:
+            try:
+                self._loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
+
+        return call
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            rs = self._streams.get(out.request_id)
+            if rs is not None:
+                rs._queue.put_nowait(out)
+                if out.finished:
+                    del self._streams[out.request_id]
+
+    def _on_failed(self, exc: BaseException) -> None:
+        err = EngineDeadError(f"the engine failed: {exc!r}")
+        for rs in self._streams.values():
+            rs._queue.put_nowait(err)
+        self._streams.clear()
+        self._ready_event.set()

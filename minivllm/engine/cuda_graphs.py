@@ -1,0 +1,98 @@
+"""CUDA graphs for decode-only steps, one per padded batch size, sharing one memory pool."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.engine.step_inputs import StepInputs
+from minivllm.layers.attention_metadata import AttentionMetadata
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every 16, up to the first size that holds ``max_num_seqs`` rows."""
+    sizes = []
+    for s in [1, 2, 4, 8, *range(16, max_num_seqs + 16, 16)]:
+        sizes.append(s)
+        if s >= max_num_seqs:
+            break
+    return sizes
+
+
+class DecodeGraphRunner:
+    """Captures the model's forward for decode batches and replays it with padded inputs.
+
+    Static device buffers hold the inputs; ``run`` copies a step's host arrays into them
+    (from pinned staging buffers, non-blocking), pads rows up to the captured size (slot -1,
+    context length 1 over block 0, harmless), replays, and returns the real rows' hidden states.
+    """
+
+    def __init__(self, runner):
+        cfg = runner.config
+        self.model = runner.model
+        self.device = runner.device
+        self.sizes = graph_batch_sizes(cfg.max_num_seqs)
+        self.max_bs = self.sizes[-1]
+        self.max_blocks = -(-cfg.max_model_len // runner.block_size)
+        self.max_model_len = cfg.max_model_len
+        hidden = cfg.model_config.hidden_size
+        dev, bs, mb = self.device, self.max_bs, self.max_blocks
+        self.input_ids = torch.zeros(bs, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(bs, dtype=torch.int64, device=dev)
+        self.slot_mapping = torch.full((bs,), -1, dtype=torch.int64, device=dev)
+        self.context_lens = torch.ones(bs, dtype=torch.int32, device=dev)
+        self.block_tables = torch.zeros(bs, mb, dtype=torch.int32, device=dev)
+        self.cu_seqlens_q = torch.arange(bs + 1, dtype=torch.int32, device=dev)
+        self.outputs = torch.zeros(bs, hidden, dtype=runner.dtype, device=dev)
+        # pinned staging: ids, positions, slots as one int64 array; context lens + tables as int32
+        self.host_i64 = torch.zeros(3, bs, dtype=torch.int64).pin_memory()
+        self.host_ctx = torch.ones(bs, dtype=torch.int32).pin_memory()
+        self.host_bt = torch.zeros(bs, mb, dtype=torch.int32).pin_memory()
+        self.dev_i64 = torch.zeros(3, bs, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._capture()
+
+    def _meta(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:bs], cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
+            context_lens=self.context_lens[:bs], block_tables=self.block_tables[:bs], max_seqlen_q=1,
+            max_context_len=self.max_model_len, is_decode=True, num_rows=bs)
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        pool = None
+        for bs in reversed(self.sizes):
+            meta = self._meta(bs)
+            graph = torch.cuda.CUDAGraph()
+            self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], meta)  # warm-up
+            with torch.cuda.graph(graph, pool):
+                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], meta)
+            if pool is None:
+                pool = graph.pool()
+            self.graphs[bs] = graph
+            torch.cuda.synchronize(self.device)
+
+    def can_run(self, inp: StepInputs) -> bool:
+        return inp.is_decode and inp.num_rows <= self.max_bs and inp.block_tables.shape[1] <= self.max_blocks
+
+    def run(self, inp: StepInputs) -> torch.Tensor:  # -> [num_rows, hidden]
+        n = inp.num_rows
+        gbs = next(s for s in self.sizes if s >= n)
+        width = inp.block_tables.shape[1]
+        h64 = self.host_i64.numpy()
+        h64[0, :n], h64[1, :n], h64[2, :n] = inp.input_ids, inp.positions, inp.slot_mapping
+        h64[2, n:gbs] = -1
+        ctx = self.host_ctx.numpy()
+        ctx[:n] = inp.context_lens
+        ctx[n:gbs] = 1
+        bt = self.host_bt.numpy()
+        bt[:n, :width] = inp.block_tables
+        bt[n:gbs, 0] = 0
+        self.dev_i64[:, :gbs].copy_(self.host_i64[:, :gbs], non_blocking=True)
+        self.input_ids[:gbs].copy_(self.dev_i64[0, :gbs])
+        self.positions[:gbs].copy_(self.dev_i64[1, :gbs])
+        self.slot_mapping[:gbs].copy_(self.dev_i64[2, :gbs])
+        self.context_lens[:gbs].copy_(self.host_ctx[:gbs], non_blocking=True)
+        self.block_tables[:gbs, :width].copy_(self.host_bt[:gbs, :width], non_blocking=True)
+        self.graphs[gbs].replay()
+        return self.outputs[:n]
+

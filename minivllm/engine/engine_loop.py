@@ -1,0 +1,153 @@
+"""EngineLoop: the one thread that builds and owns an engine, and makes every call into it.
+
+Other threads talk to it only through a thread-safe command queue (``add``, ``abort``, ``stop``).
+The thread drains the queue, steps the engine while it has work (a request added mid-flight joins
+the next step: continuous batching), tells the stat loggers, and hands each step's outputs to the
+``on_outputs`` callback; when idle it blocks on the queue.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from minivllm.outputs import RequestOutput, StepStats
+
+logger = logging.getLogger(__name__)
+
+
+class EngineNotReadyError(RuntimeError):
+    """The engine is still loading, or is shutting down: try again later (HTTP 503)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop failed; no request can run any more (HTTP 503)."""
+
+
+class EngineLoop:
+    """Runs ``engine = factory()`` and then the step loop on a daemon thread.
+
+    Callbacks run on that thread: ``on_ready()`` once the engine is built, ``on_outputs(outputs)``
+    after each step that produced some, ``on_failed(exc)`` if building or stepping raised (the
+    loop then ends; ``error`` holds the exception). ``stat_loggers`` get ``on_step`` / ``on_abort``.
+    """
+
+    def __init__(self, factory: Callable[[], Any], stat_loggers: list, on_ready: Callable[[], None],
+                 on_outputs: Callable[[list[RequestOutput]], None], on_failed: Callable[[BaseException], None]):
+        self._factory, self.stat_loggers = factory, stat_loggers
+        self._on_ready, self._on_outputs, self._on_failed = on_ready, on_outputs, on_failed
+        self.engine: Any = None
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+        self._commands: queue.Queue = queue.Queue()
+        self._live: set[str] = set()  # requests in the engine (for the abort statistics)
+        self._thread = threading.Thread(target=self._run, name="minivllm-engine-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, request_id: str, prompt, params, stream: bool) -> concurrent.futures.Future:
+        """Queue an ``engine.add_request``; the future gets its result or its ValueError."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("add", request_id, prompt, params, stream, fut))
+        if self.error is not None:  # the loop is gone: nobody else will answer
+            self._fail_commands()
+        return fut
+
+    def abort(self, request_id: str) -> None:
+        """Queue an ``engine.abort_request`` (frees the request's KV blocks before the next step)."""
+        self._commands.put(("abort", request_id))
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the queued commands, leave the loop, close the engine and join the thread."""
+        self._commands.put(("stop",))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ---------------------------------------------------------- on the thread
+    def _run(self) -> None:
+        try:
+            self.engine = self._factory()
+        except BaseException as exc:
+            logger.exception("building the engine failed")
+            return self._die(exc)
+        self.ready.set()
+        self._on_ready()
+        try:
+            while True:
+                busy = self.engine.has_unfinished_requests()
+                changed = self._drain(block=not busy)
+                if changed is None:
+                    break
+                if busy or changed:  # an idle step after aborts refreshes the KV cache statistics
+                    outputs, stats = self.engine.step()
+                    self._publish(outputs, stats)
+        except BaseException as exc:
+            logger.exception("the engine loop failed")
+            self._die(exc)
+        finally:
+            try:
+                self.engine.close()
+            except Exception:  # pragma: no cover
+                logger.exception("closing the engine failed")
+
+    def _drain(self, block: bool) -> bool | None:
+        """Run the queued commands; True if any changed the engine, None on "stop"."""
+        changed = False
+        while True:
+            try:
+                cmd = self._commands.get(block=block)
+            except queue.Empty:
+                return changed
+            block = False
+            if cmd[0] == "stop":
+                return None
+            if cmd[0] == "add":
+                _, request_id, prompt, params, stream, fut = cmd
+                try:
+                    self.engine.add_request(prompt, params, request_id=request_id, stream=stream)
+                except Exception as exc:
+                    fut.set_exception(exc)
+                    continue
+                fut.set_result(request_id)
+                self._live.add(request_id)
+            elif cmd[0] == "abort":
+                self.engine.abort_request(cmd[1])
+                if cmd[1] in self._live:
+                    self._live.discard(cmd[1])
+                    self._notify("on_abort", cmd[1], time.monotonic())
+            changed = True
+
+    def _publish(self, outputs: list[RequestOutput], stats: StepStats) -> None:
+        for out in outputs:
+            if out.finished:
+                self._live.discard(out.request_id)
+        self._notify("on_step", outputs, stats, time.monotonic())
+        if outputs:
+            self._on_outputs(outputs)
+
+    def _notify(self, method: str, *args) -> None:
+        for sl in tuple(self.stat_loggers):
+            try:
+                getattr(sl, method)(*args)
+            except Exception:  # a metrics bug must not take the engine down
+                logger.exception("stat logger %r failed in %s", sl, method)
+
+    def _die(self, exc: BaseException) -> None:
+        self.error = exc
+        self._fail_commands()
+        self._on_failed(exc)
+
+    def _fail_commands(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add" and not cmd[-1].done():
+                cmd[-1].set_exception(EngineDeadError(f"the engine failed: {self.error!r}"))

@@ -1,0 +1,26 @@
+"""The GPU attention backend: Triton KV store, then one paged-attention launch for the step."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.kernels.paged_attention import paged_attention, paged_decode
+from minivllm.kernels.store_kvcache import store_kvcache
+from minivllm.layers.attention_metadata import AttentionMetadata
+
+
+def triton_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+    if meta.is_decode:
+        # NOTE: decode-only steps may run inside a CUDA graph: nothing here reads device values.
+        return paged_decode(q, k_cache, v_cache, meta.context_lens, meta.block_tables, scale, meta.max_context_len)
+    return paged_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.context_lens, meta.block_tables, scale,
+                           meta.max_seqlen_q, meta.max_context_len)

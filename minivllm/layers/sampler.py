@@ -1,0 +1,424 @@
+"""Batched sampling with per-row parameters (vLLM / OpenAI semantics), on the logits' device.
+
+The engine builds one :class:`SamplingMetadata` per step with :func:`build_sampling_metadata` for the
+rows it samples, calls ``Sampler()(logits, metadata)`` and moves ``sampled_token_ids`` (and
+``logprobs``) to the host with one ``.tolist()``. Every flag that lets the hot path skip work is a
+host-side Python bool, so the forward pass never synchronizes with the device.
+
+Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float32):
+
+1. **min_tokens** -- while ``len(output_b) < min_tokens``: ``l[t] = -inf`` for every ``t`` in the
+   request's ``stop_token_ids`` and, unless ``ignore_eos``, in the EOS ids.
+2. **repetition penalty** ``r`` (HF / vLLM; applies to tokens seen in the prompt OR the output)::
+
+       l[t] = l[t] / r   if seen[t] and l[t] > 0
+       l[t] = l[t] * r   if seen[t] and l[t] <= 0
+
+3. **frequency ``f`` / presence ``p`` penalties** (OpenAI; count over the OUTPUT tokens only)::
+
+       l[t] = l[t] - f * count_out[t] - p * (count_out[t] > 0)
+
+4. **greedy rows** (``temperature < 1e-5``): ``token = argmax(l)`` (after 1-3; 5-8 do not apply).
+5. **temperature** ``T``: ``l = l / T``.
+6. **top-k** ``k``: keep ``t`` iff ``l[t] >= kth_largest(l)`` (tokens tied with the k-th value
+   are all kept), else ``-inf``. ``k = -1`` (or ``k >= V``) keeps everything.
+7. **top-p** ``P`` on ``q = softmax(l)`` (after top-k): sort descending, keep token ``t`` iff the
+   probability mass of the tokens strictly before it is ``< P`` (the smallest prefix whose mass
+   reaches ``P``; the most likely token is always kept). Implemented as the vLLM ascending-sort
+   rule ``remove iff cumsum_ascending(q)[t] <= 1 - P``. ``P = 1`` keeps everything.
+8. **min-p** ``m`` (after top-k/top-p): keep ``t`` iff ``q[t] >= m * max(q)``, done without
+   softmax or sort as ``l[t] >= max(l) + log(m)``.
+9. **sampling**: ``probs = softmax(l)``; ``token = argmax(probs / E)`` with ``E[t] ~ Exp(1)`` i.i.d.
+   (the exponential race; ``P(token = t) = probs[t]``). Seeded rows draw ``E`` from their own
+   generator, seeded from ``(seed, len(output_b))``, so the token depends only on the request
+   (never on the batch it is in or on preemption / recompute); the other rows share one batch
+   generator (``metadata.generator``, default: torch's global RNG of that device).
+
+Logprobs are ``log_softmax`` of the RAW logits (before 1-8) at the sampled token, and the top
+``max_num_logprobs`` alternatives of that same distribution, sorted descending.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from minivllm.sampling_params import SamplingParams
+
+#: temperatures below this are treated as greedy (as in vLLM), which also avoids overflow in l / T.
+SAMPLING_EPS = 1e-5
+#: use torch.topk (instead of a full sort) for top-k-only batches when the largest k is at most this.
+_TOPK_MAX_K = 1024
+_MASK63 = (1 << 63) - 1
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None = None  # [B] float32, raw log_softmax at the sampled ids
+    top_logprobs_ids: torch.Tensor | None = None  # [B, k] int64, sorted by descending logprob
+    top_logprobs: torch.Tensor | None = None  # [B, k] float32
+
+
+@dataclass
+class SamplingMetadata:
+    """Device tensors and host flags for one sampling step (built by :func:`build_sampling_metadata`).
+
+    Tensors that a flag says are unused are ``None``.
+    """
+
+    batch_size: int
+    vocab_size: int
+    # --- host flags (never read back from the device) ---
+    all_greedy: bool
+    all_random: bool
+    no_temperature: bool  # every random row has temperature 1.0
+    no_top_k: bool
+    no_top_p: bool
+    no_min_p: bool
+    no_penalties: bool
+    any_seeded: bool
+    max_num_logprobs: int | None  # None: no row asked for logprobs
+    max_top_k: int  # largest enabled top_k (0 when no_top_k)
+    # --- per-row device tensors ---
+    greedy_mask: torch.Tensor | None = None  # [B] bool, only for mixed greedy/random batches
+    temperature: torch.Tensor | None = None  # [B] float32 (1.0 on greedy rows)
+    top_k: torch.Tensor | None = None  # [B] int64 (vocab_size where disabled)
+    top_p: torch.Tensor | None = None  # [B] float32 (1.0 where disabled)
+    min_p: torch.Tensor | None = None  # [B] float32 (0.0 where disabled)
+    repetition_penalty: torch.Tensor | None = None  # [B] float32
+    frequency_penalty: torch.Tensor | None = None  # [B] float32
+    presence_penalty: torch.Tensor | None = None  # [B] float32
+    prompt_mask: torch.Tensor | None = None  # [B, V] bool: token occurs in the prompt
+    output_counts: torch.Tensor | None = None  # [B, V] float32: occurrences in the output
+    min_tokens_rows: torch.Tensor | None = None  # [M] int64  (positions to set to -inf)
+    min_tokens_cols: torch.Tensor | None = None  # [M] int64
+    # --- randomness ---
+    seeded: list[tuple[int, torch.Generator]] = field(default_factory=list)  # (row, generator)
+    generator: torch.Generator | None = None  # shared by the unseeded rows
+
+
+def _mix_seed(seed: int, step: int) -> int:
+    """splitmix64 of (seed, step): a well-spread 63-bit seed (the CPU mt19937 only uses 32 bits)."""
+    z = (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xD1B54A32D192ED03) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return z & _MASK63
+
+
+def request_generator(seed: int, num_generated: int, device: torch.device | str) -> torch.Generator:
+    """The generator a seeded request uses for its token number ``num_generated`` (0-based)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(_mix_seed(seed, num_generated))
+    return g
+
+
+def _to_device(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    t = torch.tensor(data, dtype=dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def _token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[B, V] float32 counts of the ids of each row: one flat id copy, then index_add on the device."""
+    batch = len(rows)
+    lengths = [len(r) for r in rows]
+    total = sum(lengths)
+    counts = torch.zeros(batch, vocab_size, dtype=torch.float32, device=device)
+    if total:
+        flat = torch.from_numpy(np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total))
+        ids = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat
+        row = torch.repeat_interleave(
+            torch.arange(batch, device=device), _to_device(lengths, torch.int64, device), output_size=total
+        )
+        valid = ((ids >= 0) & (ids < vocab_size)).to(torch.float32)  # out-of-range ids count nowhere
+        counts.view(-1).index_add_(0, row * vocab_size + ids.clamp(0, vocab_size - 1), valid)
+    return counts
+
+
+def build_sampling_metadata(
+    params: Sequence[SamplingParams],
+    prompt_token_ids: Sequence[Sequence[int]],
+    output_token_ids: Sequence[Sequence[int]],
+    eos_token_ids: Sequence[int] | Sequence[Sequence[int]] | None,
+    device: torch.device | str,
+    vocab_size: int,
+    generator: torch.Generator | None = None,
+) -> SamplingMetadata:
+    """Build the per-step metadata for ``len(params)`` rows (row ``i`` = ``params[i]``).
+
+    ``output_token_ids[i]`` are the tokens the request already generated (its length is the step
+    number used for seeding and for ``min_tokens``). ``eos_token_ids`` is either the model's EOS
+    ids shared by every row (``[151645, 151643]``) or one list per row. ``generator`` (optional,
+    on ``device``) is used by the unseeded rows; default: torch's global RNG.
+    """
+    device = torch.device(device)
+    batch = len(params)
+    if not (len(prompt_token_ids) == len(output_token_ids) == batch):
+        raise ValueError("params, prompt_token_ids and output_token_ids must have the same length")
+    if eos_token_ids is None:
+        eos_token_ids = []
+    per_row_eos = len(eos_token_ids) > 0 and not isinstance(eos_token_ids[0], int)
+    if per_row_eos and len(eos_token_ids) != batch:
+        raise ValueError("per-row eos_token_ids must have one entry per row")
+    V = int(vocab_size)
+
+    greedy = [p.temperature < SAMPLING_EPS for p in params]
+    all_greedy = all(greedy)
+    all_random = not any(greedy)
+    temps = [1.0 if g else float(p.temperature) for p, g in zip(params, greedy, strict=True)]
+    top_ks = [p.top_k if (not g and 0 < p.top_k < V) else V for p, g in zip(params, greedy, strict=True)]
+    top_ps = [1.0 if g else float(p.top_p) for p, g in zip(params, greedy, strict=True)]
+    min_ps = [0.0 if g else float(p.min_p) for p, g in zip(params, greedy, strict=True)]
+    reps = [float(p.repetition_penalty) for p in params]
+    freqs = [float(p.frequency_penalty) for p in params]
+    press = [float(p.presence_penalty) for p in params]
+
+    no_temperature = all(t == 1.0 for t in temps)
+    no_top_k = all(k >= V for k in top_ks)
+    no_top_p = all(p >= 1.0 for p in top_ps)
+    no_min_p = all(m <= 0.0 for m in min_ps)
+    has_rep = [r != 1.0 for r in reps]
+    has_pen = [h or f != 0.0 or pr != 0.0 for h, f, pr in zip(has_rep, freqs, press, strict=True)]
+    no_penalties = not any(has_pen)
+    requested = [p.logprobs for p in params if p.logprobs is not None]
+    max_num_logprobs = min(max(requested), V) if requested else None
+
+    md = SamplingMetadata(
+        batch_size=batch,
+        vocab_size=V,
+        all_greedy=all_greedy,
+        all_random=all_random,
+        no_temperature=no_temperature or all_greedy,
+        no_top_k=no_top_k or all_greedy,
+        no_top_p=no_top_p or all_greedy,
+        no_min_p=no_min_p or all_greedy,
+        no_penalties=no_penalties,
+        any_seeded=False,
+        max_num_logprobs=max_num_logprobs,
+        max_top_k=0 if no_top_k else max(k for k in top_ks if k < V),
+        generator=generator,
+    )
+    if not all_greedy and not all_random:
+        md.greedy_mask = _to_device(greedy, torch.bool, device)
+    if not md.no_temperature:
+        md.temperature = _to_device(temps, torch.float32, device)
+    if not md.no_top_k:
+        md.top_k = _to_device(top_ks, torch.int64, device)
+    if not md.no_top_p:
+        md.top_p = _to_device(top_ps, torch.float32, device)
+    if not md.no_min_p:
+        md.min_p = _to_device(min_ps, torch.float32, device)
+
+    if not no_penalties:
+        md.repetition_penalty = _to_device(reps, torch.float32, device)
+        md.frequency_penalty = _to_device(freqs, torch.float32, device)
+        md.presence_penalty = _to_device(press, torch.float32, device)
+        # only rows with a penalty contribute ids (the others get all-zero rows)
+        md.output_counts = _token_counts(
+            [o if h else () for o, h in zip(output_token_ids, has_pen, strict=True)], V, device
+        )
+        if any(has_rep):
+            md.prompt_mask = (
+                _token_counts(
+                    [p if h else () for p, h in zip(prompt_token_ids, has_rep, strict=True)], V, device
+                )
+                > 0
+            )
+
+    rows: list[int] = []
+    cols: list[int] = []
+    for i, (p, out) in enumerate(zip(params, output_token_ids, strict=True)):
+        if len(out) < p.min_tokens:
+            banned = set(p.stop_token_ids or ())
+            if not p.ignore_eos:
+                banned.update(eos_token_ids[i] if per_row_eos else eos_token_ids)
+            banned = sorted(t for t in banned if t is not None and 0 <= t < V)
+            rows.extend([i] * len(banned))
+            cols.extend(banned)
+    if rows:
+        md.min_tokens_rows = _to_device(rows, torch.int64, device)
+        md.min_tokens_cols = _to_device(cols, torch.int64, device)
+
+    if not all_greedy:
+        md.seeded = [
+            (i, request_generator(p.seed, len(out), device))
+            for i, (p, out, g) in enumerate(zip(params, output_token_ids, greedy, strict=True))
+            if p.seed is not None and not g
+        ]
+        md.any_seeded = bool(md.seeded)
+    return md
+
+
+# ----------------------------------------------------------------------------------------------
+# logits processing (in place on a float32 [B, V] tensor)
+# ----------------------------------------------------------------------------------------------
+
+
+def apply_min_tokens(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    if md.min_tokens_rows is not None:
+        logits[md.min_tokens_rows, md.min_tokens_cols] = float("-inf")  # scalar fill, no H2D copy
+    return logits
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Repetition, then frequency and presence penalties (formulas in the module docstring)."""
+    if md.no_penalties:
+        return logits
+    counts = md.output_counts
+    seen_out = counts > 0
+    if md.prompt_mask is not None:
+        seen = md.prompt_mask | seen_out
+        rep = md.repetition_penalty.unsqueeze(1)
+        penalized = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalized, logits)
+    logits -= md.frequency_penalty.unsqueeze(1) * counts
+    logits -= md.presence_penalty.unsqueeze(1) * seen_out
+    return logits
+
+
+def apply_top_k_top_p(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Top-k then top-p with one ascending sort (or one ``topk`` when only small top-k is asked)."""
+    V = logits.shape[-1]
+    if md.no_top_k and md.no_top_p:
+        return logits
+    if md.no_top_p and md.max_top_k <= _TOPK_MAX_K:
+        k = md.top_k
+        top_vals = torch.topk(logits, md.max_top_k, dim=-1).values  # [B, kmax], descending
+        kth = top_vals.gather(1, (k.clamp(max=md.max_top_k) - 1).unsqueeze(1))
+        kth.masked_fill_((k >= V).unsqueeze(1), float("-inf"))  # disabled rows keep everything
+        return logits.masked_fill_(logits < kth, float("-inf"))
+
+    logits_sort, logits_idx = torch.sort(logits, dim=-1, descending=False)
+    if not md.no_top_k:
+        kth = logits_sort.gather(1, (V - md.top_k).clamp(min=0).unsqueeze(1))
+        logits_sort.masked_fill_(logits_sort < kth, float("-inf"))
+    if not md.no_top_p:
+        probs_sort = torch.softmax(logits_sort, dim=-1)
+        cumsum = torch.cumsum(probs_sort, dim=-1, out=probs_sort)
+        remove = cumsum <= (1.0 - md.top_p).unsqueeze(1)
+        remove[:, -1] = False  # always keep the most likely token
+        logits_sort.masked_fill_(remove, float("-inf"))
+    return logits.scatter_(-1, logits_idx, logits_sort)
+
+
+def apply_min_p(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """keep t iff q[t] >= min_p * max(q), i.e. l[t] >= max(l) + log(min_p); no softmax, no sort."""
+    if md.no_min_p:
+        return logits
+    threshold = logits.amax(dim=-1, keepdim=True) + torch.log(md.min_p).unsqueeze(1)  # log(0) = -inf
+    return logits.masked_fill_(logits < threshold, float("-inf"))
+
+
+def _exponential_race(probs: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    noise = torch.empty_like(probs)
+    if len(md.seeded) < md.batch_size:
+        noise.exponential_(generator=md.generator)
+    for row, gen in md.seeded:  # a Python loop over the SEEDED rows only
+        noise[row].exponential_(generator=gen)
+    # exponential_ can return exactly 0; a zero-probability token must then still lose (0 / tiny = 0).
+    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+    return probs.div_(noise).argmax(dim=-1)
+
+
+class Sampler(nn.Module):
+    """``forward(logits [B, V], metadata) -> SamplerOutput``; no host synchronization inside."""
+
+    def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[0] != md.batch_size:
+            raise ValueError(f"logits must be [{md.batch_size}, V], got {tuple(logits.shape)}")
+        if md.output_counts is not None and md.output_counts.shape[1] != logits.shape[1]:
+            raise ValueError("metadata vocab_size does not match the logits width")
+
+        modifies = md.min_tokens_rows is not None or not md.no_penalties
+        if md.all_greedy and not modifies:
+            x = logits  # argmax only: no copy, no softmax, no sort
+        else:
+            x = logits.to(torch.float32, copy=True)  # `logits` itself stays raw for the logprobs
+            x = apply_min_tokens(x, md)
+            x = apply_penalties(x, md)
+
+        if md.all_greedy:
+            sampled = torch.argmax(x, dim=-1)
+        else:
+            greedy = torch.argmax(x, dim=-1) if md.greedy_mask is not None else None
+            if md.temperature is not None:
+                x.div_(md.temperature.unsqueeze(1))
+            x = apply_top_k_top_p(x, md)
+            x = apply_min_p(x, md)
+            probs = torch.softmax(x, dim=-1)
+            sampled = _exponential_race(probs, md)
+            if greedy is not None:
+                sampled = torch.where(md.greedy_mask, greedy, sampled)
+
+        out = SamplerOutput(sampled_token_ids=sampled)
+        if md.max_num_logprobs is not None:
+            raw = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            out.logprobs = raw.gather(1, sampled.unsqueeze(1)).squeeze(1)
+            if md.max_num_logprobs > 0:
+                out.top_logprobs, out.top_logprobs_ids = torch.topk(raw, md.max_num_logprobs, dim=-1)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# reference (tests only): the exact distribution of one row, written independently of the above
+# ----------------------------------------------------------------------------------------------
+
+
+def filtered_probs(
+    logits_row: torch.Tensor,
+    params: SamplingParams,
+    prompt_token_ids: Sequence[int] = (),
+    output_token_ids: Sequence[int] = (),
+    eos_token_ids: Sequence[int] = (),
+) -> torch.Tensor:
+    """Float64 probabilities the sampler draws row ``logits_row`` from (one-hot for greedy).
+
+    A straightforward per-row reference of the module docstring (sorted lists, float64), used by
+    the statistical tests; not for the hot path.
+    """
+    x = logits_row.detach().to("cpu", torch.float64).clone()
+    V = x.numel()
+    if len(output_token_ids) < params.min_tokens:
+        banned = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            banned.update(eos_token_ids)
+        for t in banned:
+            if 0 <= t < V:
+                x[t] = -math.inf
+    r = params.repetition_penalty
+    if r != 1.0:
+        for t in set(prompt_token_ids) | set(output_token_ids):
+            x[t] = x[t] / r if x[t] > 0 else x[t] * r
+    for t, c in Counter(output_token_ids).items():
+        x[t] -= params.frequency_penalty * c + params.presence_penalty
+    if params.temperature < SAMPLING_EPS:
+        probs = torch.zeros(V, dtype=torch.float64)
+        probs[int(torch.argmax(x))] = 1.0
+        return probs
+    x /= params.temperature
+    order = sorted(range(V), key=lambda t: -float(x[t]))
+    if 0 < params.top_k < V:
+        kth = float(x[order[params.top_k - 1]])
+        x[x < kth] = -math.inf
+    if params.top_p < 1.0:
+        q = torch.softmax(x, dim=0)
+        mass_before = 0.0
+        for t in order:
+            if mass_before >= params.top_p:
+                x[t] = -math.inf
+            mass_before += float(q[t])
+    if params.min_p > 0.0:
+        q = torch.softmax(x, dim=0)
+        x[q < params.min_p * q.max()] = -math.inf
+    return torch.softmax(x, dim=0)

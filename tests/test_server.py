@@ -1,0 +1,257 @@
+"""The OpenAI-compatible server as a real process, driven by the official ``openai`` client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.server
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "tiny"
+ENGINE_ARGS = ["--device", "cpu", "--max-model-len", "512", "--num-kvcache-blocks", "256"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_tied_model, tmp_path_factory):
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "minivllm.entrypoints.cli", "serve", tiny_tied_model,
+                             "--port", str(port), "--served-model-name", NAME, *ENGINE_ARGS],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"server exited early:\n{log.seek(0) or log.read()}"
+            assert time.monotonic() < deadline, f"server not healthy in time:\n{log.seek(0) or log.read()}"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield SimpleServer(proc, url, tiny_tied_model)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+class SimpleServer:
+    def __init__(self, proc, url, model_path):
+        self.proc, self.url, self.model_path = proc, url, model_path
+        self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(f"{self.url}/metrics").text
+        return {s.name + json.dumps(dict(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples}
+
+    def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if m["minivllm_num_requests_running{}"] == 0 and m["minivllm_kv_cache_blocks_used{}"] == 0:
+                return m
+            assert time.monotonic() < deadline, f"server not idle: {m}"
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_tied_model):
+    from minivllm import LLM
+
+    with LLM(tiny_tied_model, device="cpu", max_model_len=512, num_kvcache_blocks=256) as llm:
+        yield llm
+
+
+def test_health_and_models(server):
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    models = server.client.models.list().data
+    assert [m.id for m in models] == [NAME] and models[0].max_model_len == 512
+
+
+def test_greedy_completion_stream_equals_nonstream_equals_offline(server, offline):
+    from minivllm import SamplingParams
+
+    kw = dict(model=NAME, prompt="def f(x):", max_tokens=12, temperature=0)
+    full = server.client.completions.create(**kw)
+    chunks = list(server.client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    ref = offline.generate("def f(x):", SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert full.choices[0].text == text == ref["text"]
+    assert full.object == "text_completion" and full.id.startswith("cmpl-")
+    assert full.choices[0].finish_reason == ref["finish_reason"] == [c for c in chunks if c.choices][-1].choices[0].finish_reason
+    n_prompt = len(offline.tokenizer.encode("def f(x):"))
+    assert (full.usage.prompt_tokens, full.usage.completion_tokens) == (n_prompt, len(ref["token_ids"]))
+    assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
+    echo = server.client.completions.create(**kw, echo=True)
+    assert echo.choices[0].text == "def f(x):" + text
+
+
+def test_greedy_chat_stream_equals_nonstream_equals_offline(server, offline):
+    from minivllm import SamplingParams
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    kw = dict(model=NAME, messages=messages, max_tokens=10, temperature=0)
+    full = server.client.chat.completions.create(**kw)
+    chunks = list(server.client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    tok = offline.tokenizer
+    ids = tok.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                     add_special_tokens=False)
+    ref = offline.generate(ids, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[0]
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert full.choices[0].message.content == text == ref["text"]
+    assert full.object == "chat.completion" and chunks[0].object == "chat.completion.chunk"
+    assert full.usage.prompt_tokens == len(ids) and full.usage.completion_tokens == len(ref["token_ids"])
+    assert chunks[-1].usage.total_tokens == full.usage.total_tokens
+
+
+def test_n_and_prompt_lists_count_usage(server):
+    extra = {"ignore_eos": True}
+    out = server.client.completions.create(model=NAME, prompt=["a", "bb cc"], n=2, max_tokens=5, temperature=0.8,
+                                           seed=1, extra_body=extra)
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    assert out.usage.completion_tokens == 20 and out.usage.total_tokens == out.usage.prompt_tokens + 20
+    chat = server.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], n=2,
+                                                 max_tokens=4, stream=True, stream_options={"include_usage": True},
+                                                 extra_body=extra)
+    chunks = list(chat)
+    texts = {0: "", 1: ""}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+    assert {c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason} == {"length"}
+    assert chunks[-1].usage.completion_tokens == 8 and all(texts.values())
+    lp = server.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=3, logprobs=True, top_logprobs=2, extra_body=extra)
+    assert len(lp.choices[0].logprobs.content) == 3 and len(lp.choices[0].logprobs.content[0].top_logprobs) == 2
+
+
+def test_concurrent_streams_share_engine_steps(server):
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
+
+    async def one(i: int) -> tuple[str, str]:
+        stream = await client.completions.create(model=NAME, prompt=f"x = {i}", max_tokens=8, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        text, reason = "", None
+        async for chunk in stream:
+            text += chunk.choices[0].text
+            reason = chunk.choices[0].finish_reason or reason
+        return text, reason
+
+    async def main():
+        try:
+            return await asyncio.gather(*(one(i) for i in range(32)))
+        finally:
+            await client.close()
+
+    results = asyncio.run(main())
+    assert len(results) == 32 and all(reason == "length" for _, reason in results)
+    m = server.wait_idle()
+    assert m["minivllm_num_requests_running_max{}"] > 1
+    assert m['minivllm_batch_size_bucket{"le": "1.0"}'] < m["minivllm_batch_size_count{}"]
+
+
+def test_client_disconnect_aborts_and_frees_kv_blocks(server):
+    aborted = server.wait_idle().get('minivllm_request_success_total{"finished_reason": "abort"}', 0)
+    body = {"model": NAME, "prompt": "def g(", "max_tokens": 480, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+    m = server.wait_idle()
+    assert m["minivllm_kv_cache_usage_perc{}"] == 0
+    assert m['minivllm_request_success_total{"finished_reason": "abort"}'] == aborted + 1
+
+
+@pytest.mark.parametrize("body,status", [
+    ({"model": NAME, "prompt": "x", "temperature": -1}, 400),
+    ({"model": NAME, "prompt": "x", "max_tokens": 0}, 400),
+    ({"model": NAME, "prompt": "a b " * 600}, 400),
+    ({"model": NAME, "prompt": "x", "temperature": "hot"}, 400),
+    ({"model": NAME, "prompt": {"x": 1}}, 400),
+    ({"model": NAME}, 400),
+    ({"model": "nope", "prompt": "x"}, 404),
+    ('{"model": "tiny", "prompt": ', 400),
+])
+def test_bad_requests_get_openai_errors(server, body, status):
+    kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, str) else {"json": body}
+    for stream in (False, True):
+        if stream and isinstance(body, dict):
+            kw["json"] = {**body, "stream": True}
+        r = httpx.post(f"{server.url}/v1/completions", timeout=30, **kw)
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    with pytest.raises(openai.BadRequestError):
+        server.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], top_p=2)
+    with pytest.raises(openai.NotFoundError):
+        server.client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+def test_metrics_counters_move(server):
+    before = server.wait_idle()
+    out = server.client.completions.create(model=NAME, prompt="import os", max_tokens=6, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    after = server.wait_idle()
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["minivllm_generation_tokens_total{}"] == out.usage.completion_tokens == 6
+    assert delta["minivllm_prompt_tokens_total{}"] == out.usage.prompt_tokens
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
+        assert delta[f"minivllm_{name}_count{{}}"] == 1
+    assert delta["minivllm_inter_token_latency_seconds_count{}"] == 5
+    assert delta['minivllm_request_success_total{"finished_reason": "length"}'] == 1
+    assert 0 <= after["minivllm_prefix_cache_hit_rate{}"] <= 1
+
+
+def test_tokenize_detokenize(server):
+    r = httpx.post(f"{server.url}/tokenize", json={"model": NAME, "prompt": "def f(x):"}).json()
+    assert r["count"] == len(r["tokens"]) and r["max_model_len"] == 512
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "def f(x):"}
+    chat = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["count"] > 3
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": [10**6]}).status_code == 400
+
+
+def test_sigterm_aborts_streams_and_exits_zero(server):
+    ended = {}
+
+    def stream():
+        body = {"model": NAME, "prompt": "while", "max_tokens": 480, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
+            ended["lines"] = [line for line in r.iter_lines() if line]
+
+    t = threading.Thread(target=stream)
+    t.start()
+    deadline = time.monotonic() + 20
+    while server.metrics()["minivllm_num_requests_running{}"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=30) == 0
+    t.join(timeout=10)
+    assert ended["lines"][-1] == "data: [DONE]"
+    assert '"finish_reason":"abort"' in ended["lines"][-2]
