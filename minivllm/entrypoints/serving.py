@@ -122,7 +122,7 @@ class OpenAIServing:
             if streamed == 0 and echo[i] and idx not in echoed:
                 echoed.add(idx)
                 text = echo[i] + text
-            if text or c.finished or lp is not None:
+            if text or c.finished or lp is not None or c.delta_token_ids:
                 yield chunk([P.CompletionChoice(index=idx, text=text, logprobs=lp, finish_reason=c.finish_reason,
                                                 stop_reason=c.stop_reason)])
         if req.include_usage:
@@ -179,7 +179,7 @@ class OpenAIServing:
             text = delta_with_rest(c, sent.get(c.index, 0))
             sent[c.index] = sent.get(c.index, 0) + len(text)
             lp = self._chat_logprobs(c.delta_token_ids, c.delta_logprobs, k)
-            if text or c.finished or lp is not None:
+            if text or c.finished or lp is not None or c.delta_token_ids:
                 delta = P.DeltaMessage(content=text if text or not c.finished else None)
                 yield chunk([P.ChatChunkChoice(index=c.index, delta=delta, logprobs=lp, finish_reason=c.finish_reason)])
         if req.include_usage:

@@ -1,0 +1,98 @@
+"""Decode attention kernel benchmark (GPU): unified Triton kernel vs split-KV (flash-decoding).
+
+Qwen3-0.6B attention shape: 16 query heads, 8 kv heads, head_dim 128, bf16. For each batch
+size, context length and cache block size, prints the median time (triton.testing.do_bench)
+and the achieved bandwidth of the K/V bytes read.
+
+    python benchmarks/bench_kernels.py [--batches 1 16 64 256] [--contexts 512 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+
+def make_decode_batch(batch, context, block_size, num_heads, num_kv_heads, head_dim, dtype):
+    """Every row has ``context`` keys in randomly permuted physical blocks."""
+    blocks_per_row = math.ceil(context / block_size)
+    num_blocks = batch * blocks_per_row
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    block_tables = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(batch, blocks_per_row)
+    context_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    query = torch.randn(batch, num_heads, head_dim, device="cuda", dtype=dtype)
+    return query, k_cache, v_cache, context_lens, block_tables
+
+
+def main() -> int:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048])
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=[16, 256])
+    parser.add_argument("--heads", type=int, nargs=3, default=[16, 8, 128], metavar=("Q", "KV", "D"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_kernels.py needs a CUDA GPU; nothing to do on this machine.")
+        return 0
+
+    import triton.testing
+
+    from minivllm.kernels.paged_attention import (
+        choose_num_splits,
+        num_sms,
+        paged_attention,
+        paged_decode_split_kv,
+    )
+    from minivllm.kernels.reference import paged_attention_ref
+
+    num_heads, num_kv_heads, head_dim = args.heads
+    dtype = torch.bfloat16
+    scale = head_dim**-0.5
+    sms = num_sms(torch.device("cuda"))
+    print(f"# {torch.cuda.get_device_name()} ({sms} SMs), q/kv heads {num_heads}/{num_kv_heads}, "
+          f"head_dim {head_dim}, bf16; times are medians in microseconds")  # fmt: skip
+    header = f"{'batch':>6} {'ctx':>6} {'bs':>4} | {'unified us':>10} {'GB/s':>7} | {'splits':>6} {'split us':>9} {'GB/s':>7} | {'auto':>7}"
+    print(header)
+    print("-" * len(header))
+    for block_size in args.block_sizes:
+        for context in args.contexts:
+            for batch in args.batches:
+                shape = (num_heads, num_kv_heads, head_dim, dtype)
+                q, kc, vc, ctx, bt = make_decode_batch(batch, context, block_size, *shape)
+                kv_bytes = 2 * batch * context * num_kv_heads * head_dim * kc.element_size()
+                splits = choose_num_splits(batch, num_kv_heads, context, sms)
+                n_split = max(splits, 2)  # always show a split-KV number, even where auto picks 1
+                out = torch.empty_like(q)
+
+                def unified(q=q, kc=kc, vc=vc, ctx=ctx, bt=bt, out=out, context=context):
+                    return paged_attention(q, kc, vc, None, ctx, bt, scale, 1, context, out=out)
+
+                def split(q=q, kc=kc, vc=vc, ctx=ctx, bt=bt, out=out, context=context, n=n_split):
+                    return paged_decode_split_kv(q, kc, vc, ctx, bt, scale, context, n, out=out)
+
+                if batch <= 16:  # quick sanity check of both kernels
+                    cpu = [t.cpu() for t in (q, kc, vc, torch.arange(batch + 1), ctx, bt)]
+                    ref = paged_attention_ref(*cpu, scale).float().cuda()  # CPU-built causal mask
+                    for fn in (unified, split):
+                        err = ((fn().float() - ref).norm() / ref.norm()).item()
+                        assert err < 1e-2, f"relative error {err:.2e}"
+                t_u = triton.testing.do_bench(unified, return_mode="median") * 1e3  # us
+                t_s = triton.testing.do_bench(split, return_mode="median") * 1e3
+                gbs_u, gbs_s = (kv_bytes / (t * 1e-6) / 1e9 for t in (t_u, t_s))
+                auto = f"split{splits}" if splits > 1 else "unified"
+                print(f"{batch:>6} {context:>6} {block_size:>4} | {t_u:>10.1f} {gbs_u:>7.0f} | "
+                      f"{n_split:>6} {t_s:>9.1f} {gbs_s:>7.0f} | {auto:>7}")  # fmt: skip
+                del q, kc, vc, ctx, bt, out
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Profile engine steps on a GPU: host time per phase, kernel time by name, idle gaps.
+
+    PYTHONPATH=. python benchmarks/profile_step.py --model benchmarks/configs/qwen3-0.6b
+
+Phases are timed with host clocks around each part of ``LLMEngine.step`` (a CUDA synchronize
+after the device phases, so their time includes the GPU work they launched); kernels come from
+``torch.profiler``. Prints one table per scenario: one request decoding, 256 requests decoding,
+and a prefill-heavy start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections import defaultdict
+
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine import model_runner as mr
+
+_BUILD_STEP_INPUTS = mr.build_step_inputs
+
+
+class PhaseTimer:
+    """Wraps engine methods so each call adds its wall time to a named bucket."""
+
+    def __init__(self):
+        self.total = defaultdict(float)
+        self.calls = defaultdict(int)
+
+    def wrap(self, obj, name: str, label: str, sync: bool = False):
+        fn = getattr(obj, name)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            r = fn(*a, **k)
+            if sync and torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.total[label] += time.perf_counter() - t
+            self.calls[label] += 1
+            return r
+
+        setattr(obj, name, timed)
+
+
+def instrument(llm: LLM) -> PhaseTimer:
+    pt = PhaseTimer()
+    runner = llm.executor.runner
+    pt.wrap(llm.scheduler, "schedule", "schedule")
+    pt.wrap(mr, "build_step_inputs", "prepare inputs")
+    pt.wrap(runner, "execute", "forward (GPU)", sync=True)
+    pt.wrap(runner, "sample", "sample + copy back", sync=True)
+    pt.wrap(llm.scheduler, "postprocess", "postprocess")
+    pt.wrap(llm, "_snapshot", "outputs / detokenize")
+    pt.wrap(llm, "step", "whole step")
+    return pt
+
+
+def report(title: str, pt: PhaseTimer, steps: int) -> None:
+    print(f"\n## {title}: {steps} steps")
+    whole = pt.total["whole step"]
+    print(f"{'phase':<24}{'ms/step':>10}{'share':>8}")
+    for label, t in sorted(pt.total.items(), key=lambda x: -x[1]):
+        print(f"{label:<24}{1000 * t / steps:>10.3f}{100 * t / whole:>7.1f}%")
+    other = whole - sum(t for k, t in pt.total.items() if k != "whole step")
+    print(f"{'(engine glue)':<24}{1000 * other / steps:>10.3f}{100 * other / whole:>7.1f}%")
+
+
+def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool) -> None:
+    for p, sp in zip(prompts, params):
+        llm.add_request(p, sp)
+    for _ in range(3):  # admit + prefill outside the decode measurement
+        llm.step()
+    pt = instrument(llm)
+    steps = 0
+    prof = None
+    if profile_kernels:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                  torch.profiler.ProfilerActivity.CUDA])
+        prof.__enter__()
+    t0 = time.perf_counter()
+    while llm.has_unfinished_requests() and steps < 200:
+        llm.step()
+        steps += 1
+    wall = time.perf_counter() - t0
+    if prof is not None:
+        prof.__exit__(None, None, None)
+    for name in ("schedule", "execute", "sample", "postprocess", "_snapshot", "step"):
+        for obj in (llm.scheduler, llm.executor.runner, llm):
+            obj.__dict__.pop(name, None)
+    mr.build_step_inputs = _BUILD_STEP_INPUTS
+    report(title, pt, steps)
+    print(f"wall {1000 * wall / steps:.3f} ms/step")
+    if prof is not None:
+        events = prof.key_averages()
+        gpu_total = sum(e.self_device_time_total for e in events) / 1000
+        print(f"GPU busy {gpu_total / steps:.3f} ms/step of {1000 * wall / steps:.3f} ms/step wall "
+              f"(idle {100 * (1 - gpu_total / 1000 / wall):.0f}%; profiler overhead inflates wall)")
+        print(events.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60))
+    while llm.has_unfinished_requests():
+        llm.step()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="benchmarks/configs/qwen3-0.6b")
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the torch.profiler kernel table")
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    args = ap.parse_args()
+    llm = LLM(args.model, load_format=args.load_format, max_model_len=args.max_model_len,
+              enforce_eager=args.enforce_eager, device=args.device)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
+    random.seed(0)
+    one = [[random.randint(0, min(10000, llm.config.model_config.vocab_size - 1)) for _ in range(128)]]
+    run_scenario(llm, one, [SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)],
+                 "one request, decode", not args.no_kernels)
+    batch = [[random.randint(0, min(10000, llm.config.model_config.vocab_size - 1)) for _ in range(random.randint(100, 1024))] for _ in range(256)]
+    params = [SamplingParams(temperature=0.6, max_tokens=300, ignore_eos=True) for _ in batch]
+    run_scenario(llm, batch, params, "256 requests (nano-like), from admission", not args.no_kernels)
+
+
+if __name__ == "__main__":
+    main()

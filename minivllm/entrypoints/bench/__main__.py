@@ -1,0 +1,7 @@
+"""``python -m minivllm.entrypoints.bench {throughput,latency,serve} ...`` (the same as ``minivllm bench``)."""
+
+import sys
+
+from minivllm.entrypoints.bench import main
+
+sys.exit(main())

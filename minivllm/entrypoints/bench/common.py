@@ -1,0 +1,160 @@
+"""Helpers shared by the benchmark commands: engine arguments, statistics, tables, JSON results."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import json
+import os
+import statistics
+import subprocess
+from pathlib import Path
+
+from minivllm.entrypoints.bench.models import canonical_name, resolve_model
+
+# (flag, Config field, type); type None = a --flag/--no-flag boolean. The same names as `minivllm serve`.
+ENGINE_FLAGS = [
+    ("--max-model-len", "max_model_len", int),
+    ("--max-num-seqs", "max_num_seqs", int),
+    ("--max-num-batched-tokens", "max_num_batched_tokens", int),
+    ("--kvcache-block-size", "kvcache_block_size", int),
+    ("--num-kvcache-blocks", "num_kvcache_blocks", int),
+    ("--gpu-memory-utilization", "gpu_memory_utilization", float),
+    ("--cpu-kvcache-space-gib", "cpu_kvcache_space_gib", float),
+    ("--tensor-parallel-size", "tensor_parallel_size", int),
+    ("--device", "device", str),
+    ("--dtype", "dtype", str),
+    ("--load-format", "load_format", str),
+    ("--attention-backend", "attention_backend", str),
+    ("--enforce-eager", "enforce_eager", None),
+    ("--enable-prefix-caching", "enable_prefix_caching", None),
+    ("--enable-chunked-prefill", "enable_chunked_prefill", None),
+]
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """``--model`` plus the engine's arguments; unset ones keep the engine's defaults."""
+    p.add_argument("--model", default="qwen3-0.6b",
+                   help="a checkpoint folder or a shipped config name (qwen3-0.6b, qwen3-8b, qwen3-32b, "
+                        "llama-3.1-8b: dummy weights)")
+    g = p.add_argument_group("engine arguments")
+    for flag, _, typ in ENGINE_FLAGS:
+        if typ is None:
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            g.add_argument(flag, type=typ, default=None)
+    g.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other engine argument (Config field), e.g. long_prefill_threshold=2048")
+    p.add_argument("--seed", type=int, default=0, help="Python random seed of the workload")
+    p.add_argument("--json-out", default=None, help="write the result as JSON to this path")
+
+
+def engine_kwargs(args: argparse.Namespace, **defaults) -> tuple[str, dict]:
+    """Resolve ``--model`` and collect the engine kwargs (explicit flags > ``defaults`` > engine's)."""
+    path, hint = resolve_model(args.model)
+    kw = {k: v for k, v in defaults.items() if v is not None}
+    if hint:
+        kw["load_format"] = hint
+    for _, name, _ in ENGINE_FLAGS:
+        v = getattr(args, name, None)
+        if v is not None:
+            kw[name] = v
+    for item in getattr(args, "engine_arg", []) or []:
+        key, _, raw = item.partition("=")
+        try:
+            kw[key.strip()] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            kw[key.strip()] = raw
+    return path, kw
+
+
+def model_config(path: str) -> dict:
+    """The checkpoint's ``config.json`` as a dict."""
+    with open(os.path.join(path, "config.json")) as f:
+        return json.load(f)
+
+
+def vocab_limit(path: str, hi: int = 10000) -> int:
+    """Largest random token id to use: ``hi``, capped at the model's vocabulary."""
+    return min(hi, model_config(path)["vocab_size"] - 1)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), no numpy needed."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summary(values: list[float], scale: float = 1.0) -> dict:
+    """mean / median / p99 / min / max of ``values`` times ``scale`` (e.g. 1000 for seconds -> ms)."""
+    if not values:
+        return {"mean": float("nan"), "median": float("nan"), "p99": float("nan")}
+    v = [x * scale for x in values]
+    return {"mean": statistics.fmean(v), "median": statistics.median(v), "p99": percentile(v, 99),
+            "min": min(v), "max": max(v)}
+
+
+def device_name(device: str | None = None) -> str:
+    """``torch.cuda.get_device_name()`` on a GPU run, else ``"cpu"``."""
+    if device == "cpu":
+        return "cpu"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name()
+    except Exception:  # noqa: BLE001
+        pass
+    return "cpu"
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parents[3]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or "uncommitted"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def metadata(args: argparse.Namespace, path: str, kw: dict) -> dict:
+    """Fields every JSON result carries."""
+    return {"model": args.model, "model_name": canonical_name(args.model) or canonical_name(path),
+            "model_path": path, "engine_args": kw, "device_name": device_name(kw.get("device")),
+            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "commit": git_commit()}
+
+
+def write_json(path: str | None, result: dict) -> None:
+    if not path:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    print(f"wrote {path}")
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        return f"{v:,.2f}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def print_table(title: str, header: list[str], rows: list[list]) -> None:
+    """A plain aligned text table."""
+    cells = [[fmt(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
+    print(f"\n== {title} ==")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+    print("  ".join("-" * w for w in widths))
+    for raw, r in zip(rows, cells):
+        print("  ".join(c.rjust(w) if isinstance(v, (int, float)) else c.ljust(w)
+                        for v, c, w in zip(raw, r, widths)).rstrip())

@@ -1,0 +1,70 @@
+"""Model names for benchmarks: shipped ``config.json`` folders (dummy weights) or real checkpoint folders.
+
+``benchmarks/configs/<name>/config.json`` holds the published configs of a few public models
+(no weights, no tokenizer). ``--model qwen3-0.6b`` resolves to that folder and the engine then
+defaults to ``load_format="dummy"`` (random weights of the right shapes); prompts must be token ids.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Aliases -> shipped folder name (matched case-insensitively, after dropping an "org/" prefix).
+ALIASES = {
+    "qwen3-0.6b": "qwen3-0.6b",
+    "qwen3-8b": "qwen3-8b",
+    "qwen3-32b": "qwen3-32b",
+    "llama-3.1-8b": "llama-3.1-8b",
+    "llama-3.1-8b-instruct": "llama-3.1-8b",
+    "meta-llama-3.1-8b": "llama-3.1-8b",
+    "meta-llama-3.1-8b-instruct": "llama-3.1-8b",
+}
+
+
+def configs_dir() -> Path | None:
+    """The ``benchmarks/configs`` folder: ``$MINIVLLM_BENCH_CONFIGS``, the source tree's, or the cwd's."""
+    candidates = []
+    if os.environ.get("MINIVLLM_BENCH_CONFIGS"):
+        candidates.append(Path(os.environ["MINIVLLM_BENCH_CONFIGS"]))
+    candidates.append(Path(__file__).resolve().parents[3] / "benchmarks" / "configs")
+    candidates.append(Path.cwd() / "benchmarks" / "configs")
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+def shipped_models() -> list[str]:
+    """Names of the shipped config folders (those with a ``config.json``)."""
+    d = configs_dir()
+    if d is None:
+        return []
+    return sorted(p.name for p in d.iterdir() if (p / "config.json").is_file())
+
+
+def canonical_name(name_or_path: str) -> str | None:
+    """``"Qwen/Qwen3-0.6B"`` or ``"/ckpt/Qwen3-0.6B"`` -> ``"qwen3-0.6b"``; None if not a known model."""
+    base = os.path.basename(os.path.normpath(str(name_or_path))).lower()
+    return ALIASES.get(base)
+
+
+def resolve_model(name_or_path: str) -> tuple[str, str | None]:
+    """Return ``(path, load_format_hint)``.
+
+    An existing folder is used as is (hint ``None``: the engine's default, unless it has a
+    ``config.json`` but no ``*.safetensors``, then ``"dummy"``). Otherwise the name is looked up
+    among the shipped configs and the hint is ``"dummy"``. Raises ValueError when neither works.
+    """
+    p = Path(name_or_path).expanduser()
+    if p.is_dir():
+        has_weights = any(p.glob("*.safetensors"))
+        return str(p), (None if has_weights or not (p / "config.json").is_file() else "dummy")
+    d = configs_dir()
+    key = str(name_or_path).lower()
+    folder = ALIASES.get(key) or ALIASES.get(key.rsplit("/", 1)[-1]) or key.rsplit("/", 1)[-1]
+    if d is not None and (d / folder / "config.json").is_file():
+        return str(d / folder), "dummy"
+    known = ", ".join(shipped_models()) or "(benchmarks/configs not found)"
+    raise ValueError(f"model {name_or_path!r} is neither a folder nor a shipped config; known: {known}")
+
