@@ -1,10 +1,12 @@
 """Decode attention kernel benchmark (GPU): unified Triton kernel vs split-KV (flash-decoding).
 
-Qwen3-0.6B attention shape: 16 query heads, 8 kv heads, head_dim 128, bf16. For each batch
-size, context length and cache block size, prints the median time (triton.testing.do_bench)
-and the achieved bandwidth of the K/V bytes read.
+Qwen3-0.6B attention shape by default: 16 query heads, 8 kv heads, head_dim 128, bf16. For
+each cache block size, context length and batch size, prints the median time and the
+achieved bandwidth of the K/V bytes read (2 * batch * context * kv_heads * head_dim * 2 B).
 
-    python benchmarks/bench_kernels.py [--batches 1 16 64 256] [--contexts 512 2048]
+    python benchmarks/bench_kernels.py                # triton.testing.do_bench (eager launches)
+    python benchmarks/bench_kernels.py --cuda-graph   # replayed CUDA graph, as the decode path runs
+    python benchmarks/bench_kernels.py --sweep-splits 1 2 4 8 16   # split-KV time per num_splits
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def main() -> int:
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[16, 256])
     parser.add_argument("--heads", type=int, nargs=3, default=[16, 8, 128], metavar=("Q", "KV", "D"))
+    parser.add_argument("--cuda-graph", action="store_true", help="time graph replays (no launch overhead)")
+    parser.add_argument("--sweep-splits", type=int, nargs="+", help="time split-KV at these num_splits")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels.py needs a CUDA GPU; nothing to do on this machine.")
@@ -57,9 +61,24 @@ def main() -> int:
     dtype = torch.bfloat16
     scale = head_dim**-0.5
     sms = num_sms(torch.device("cuda"))
+
+    def bench(fn) -> float:  # median microseconds
+        fn()  # compile outside any graph capture
+        torch.cuda.synchronize()  # NOTE: do_bench_cudagraph runs fn on a new stream: inputs must be ready
+        if args.cuda_graph:
+            return triton.testing.do_bench_cudagraph(fn, return_mode="median") * 1e3
+        return triton.testing.do_bench(fn, return_mode="median") * 1e3
+
+    mode = "CUDA-graph replay" if args.cuda_graph else "eager do_bench"
     print(f"# {torch.cuda.get_device_name()} ({sms} SMs), q/kv heads {num_heads}/{num_kv_heads}, "
-          f"head_dim {head_dim}, bf16; times are medians in microseconds")  # fmt: skip
-    header = f"{'batch':>6} {'ctx':>6} {'bs':>4} | {'unified us':>10} {'GB/s':>7} | {'splits':>6} {'split us':>9} {'GB/s':>7} | {'auto':>7}"
+          f"head_dim {head_dim}, bf16, {mode}; median microseconds, GB/s of K/V read")  # fmt: skip
+    if args.sweep_splits:
+        header = f"{'batch':>6} {'ctx':>6} {'bs':>4} | {'unified':>8} | " + " ".join(
+            f"{'s=' + str(s):>8}" for s in args.sweep_splits
+        )
+    else:
+        header = (f"{'batch':>6} {'ctx':>6} {'bs':>4} | {'unified us':>10} {'GB/s':>7} | "
+                  f"{'splits':>6} {'split us':>9} {'GB/s':>7} | {'auto':>7}")  # fmt: skip
     print(header)
     print("-" * len(header))
     for block_size in args.block_sizes:
@@ -69,27 +88,34 @@ def main() -> int:
                 q, kc, vc, ctx, bt = make_decode_batch(batch, context, block_size, *shape)
                 kv_bytes = 2 * batch * context * num_kv_heads * head_dim * kc.element_size()
                 splits = choose_num_splits(batch, num_kv_heads, context, sms)
-                n_split = max(splits, 2)  # always show a split-KV number, even where auto picks 1
                 out = torch.empty_like(q)
 
                 def unified(q=q, kc=kc, vc=vc, ctx=ctx, bt=bt, out=out, context=context):
                     return paged_attention(q, kc, vc, None, ctx, bt, scale, 1, context, out=out)
 
-                def split(q=q, kc=kc, vc=vc, ctx=ctx, bt=bt, out=out, context=context, n=n_split):
+                def split(n, q=q, kc=kc, vc=vc, ctx=ctx, bt=bt, out=out, context=context):
                     return paged_decode_split_kv(q, kc, vc, ctx, bt, scale, context, n, out=out)
 
                 if batch <= 16:  # quick sanity check of both kernels
                     cpu = [t.cpu() for t in (q, kc, vc, torch.arange(batch + 1), ctx, bt)]
                     ref = paged_attention_ref(*cpu, scale).float().cuda()  # CPU-built causal mask
-                    for fn in (unified, split):
-                        err = ((fn().float() - ref).norm() / ref.norm()).item()
+                    for res in (unified(), split(max(splits, 2))):
+                        err = ((res.float() - ref).norm() / ref.norm()).item()
                         assert err < 1e-2, f"relative error {err:.2e}"
-                t_u = triton.testing.do_bench(unified, return_mode="median") * 1e3  # us
-                t_s = triton.testing.do_bench(split, return_mode="median") * 1e3
-                gbs_u, gbs_s = (kv_bytes / (t * 1e-6) / 1e9 for t in (t_u, t_s))
-                auto = f"split{splits}" if splits > 1 else "unified"
-                print(f"{batch:>6} {context:>6} {block_size:>4} | {t_u:>10.1f} {gbs_u:>7.0f} | "
-                      f"{n_split:>6} {t_s:>9.1f} {gbs_s:>7.0f} | {auto:>7}")  # fmt: skip
+                t_u = bench(unified)
+                row = f"{batch:>6} {context:>6} {block_size:>4} | "
+                if args.sweep_splits:
+                    times = [bench(lambda n=n: split(n)) for n in args.sweep_splits]
+                    print(row + f"{t_u:>8.1f} | " + " ".join(f"{t:>8.1f}" for t in times))
+                else:
+                    n_split = max(splits, 2)  # always show a split-KV number, even where auto picks 1
+                    t_s = bench(lambda n=n_split: split(n))
+                    gbs_u, gbs_s = (kv_bytes / (t * 1e-6) / 1e9 for t in (t_u, t_s))
+                    auto = f"split{splits}" if splits > 1 else "unified"
+                    print(
+                        row
+                        + f"{t_u:>10.1f} {gbs_u:>7.0f} | {n_split:>6} {t_s:>9.1f} {gbs_s:>7.0f} | {auto:>7}"
+                    )
                 del q, kc, vc, ctx, bt, out
     return 0
 

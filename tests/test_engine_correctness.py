@@ -91,11 +91,12 @@ def test_chunked_prefill_with_preemption_matches_unconstrained(tiny_tied_model):
 
 def test_mixed_step_and_short_request_overtakes_long_prefill(tiny_tied_model):
     llm = LLM(tiny_tied_model, device="cpu", max_num_batched_tokens=32, max_num_seqs=4)
-    short = llm.add_request("def f(x):", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    # stream=True: the engine reports every new token (offline requests report only at the end)
+    short = llm.add_request("def f(x):", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), stream=True)
     llm.step()  # short is prefilled and starts decoding
     long_ids = llm.tokenizer.encode("# " + " ".join(f"token{i}" for i in range(150)))
     assert len(long_ids) > 200
-    long = llm.add_request(long_ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    long = llm.add_request(long_ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), stream=True)
     saw_mixed = False
     short_tokens_during_long_prefill = 0
     long_started = False

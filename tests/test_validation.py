@@ -45,7 +45,7 @@ def test_one_bad_prompt_in_a_batch_adds_nothing(llm):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
-    (dict(temperature=-0.5), "temperature must be >= 0"),
+    (dict(temperature=-0.5), "temperature must be a finite number >= 0"),
     (dict(top_p=1.5), "top_p"),
     (dict(top_k=-3), "top_k"),
     (dict(n=0), "n must be"),

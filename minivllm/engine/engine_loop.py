@@ -110,7 +110,8 @@ class EngineLoop:
             if cmd[0] == "add":
                 _, request_id, prompt, params, stream, fut = cmd
                 try:
-                    self.engine.add_request(prompt, params, request_id=request_id, stream=stream)
+                    # NOTE: every online request reports each step (metrics, aborts), streamed or not
+                    self.engine.add_request(prompt, params, request_id=request_id, stream=True)
                 except Exception as exc:
                     fut.set_exception(exc)
                     continue

@@ -153,7 +153,8 @@ class LLMEngine:
             for row, seq in enumerate(updated):
                 req, i = self._seq_to_request[seq.seq_id]
                 self._on_token(req, i, seq, sampled.logprobs_of(row), now)
-                touched[req.request_id] = req
+                if req.stream or seq.is_finished:  # NOTE: offline requests report only at the end
+                    touched[req.request_id] = req
         outputs = [self._snapshot(req) for req in touched.values()]
         bm = self.block_manager
         stats = StepStats(
@@ -185,23 +186,27 @@ class LLMEngine:
             out.finish_reason, out.stop_reason = seq.finish_reason, seq.stop_reason
 
     def _snapshot(self, req: _Request) -> RequestOutput:
-        """Fold this step's deltas into the request's output and return a copy for the caller."""
+        """Fold the deltas gathered since the last report into the request's output; return a view.
+
+        NOTE: an unfinished completion's ``token_ids``/``logprobs`` in the returned object are the
+        live lists (they keep growing); finished ones are final. Deltas are per report.
+        """
         ro = req.output
         snaps = []
         for i, out in enumerate(ro.outputs):
-            seq, detok = req.seqs[i], req.detoks[i]
+            detok = req.detoks[i]
             out.token_ids.extend(out.delta_token_ids)
             if out.delta_logprobs:
                 out.logprobs.extend(out.delta_logprobs)
             if detok is not None:
                 out.text = detok.output_text
-            elif out.finished:
+            elif out.finished and not out.text:
                 out.text = self.decode(out.token_ids, req.params.skip_special_tokens)
-            snaps.append(replace(out, token_ids=list(out.token_ids),
-                                 logprobs=list(out.logprobs) if out.logprobs is not None else None))
+            snaps.append(CompletionOutput(out.index, out.text, out.token_ids, out.finish_reason, out.stop_reason,
+                                          out.logprobs, out.delta_text, out.delta_token_ids, out.delta_logprobs))
             out.delta_text, out.delta_token_ids, out.delta_logprobs = "", [], None
             if out.finished:
-                self._seq_to_request.pop(seq.seq_id, None)
+                self._seq_to_request.pop(req.seqs[i].seq_id, None)
         ro.finished = all(o.finished for o in ro.outputs)
         if ro.finished:
             ro.finished_time = time.monotonic()

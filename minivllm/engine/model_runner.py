@@ -27,7 +27,7 @@ _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16":
 class ModelRunner:
     """Runs the model for one rank. See the module docstring."""
 
-    def __init__(self, config: Config, rank: int = 0):
+    def __init__(self, config: Config, rank: int = 0, dist_init_method: str | None = None):
         self.config = config
         self.rank = rank
         self.block_size = config.kvcache_block_size
@@ -38,6 +38,10 @@ class ModelRunner:
             index = rank if config.device == "cuda" else int(config.device.split(":")[1]) + rank
             self.device = torch.device("cuda", index)
             torch.cuda.set_device(self.device)
+        if config.tensor_parallel_size > 1:  # before any layer is built: they read rank and size
+            from minivllm.utils.parallel import init_distributed
+
+            init_distributed(self.device, dist_init_method, config.tensor_parallel_size, rank)
         torch.manual_seed(config.seed)
         mc = config.model_config
         model_cls = get_model_class(mc.architecture)
@@ -63,6 +67,13 @@ class ModelRunner:
             from minivllm.engine.cuda_graphs import DecodeGraphRunner
 
             self.graph_runner = DecodeGraphRunner(self)
+
+    def shutdown(self) -> None:
+        """Leave the tensor-parallel process group (if any); the runner must not be used afterwards."""
+        if self.config.tensor_parallel_size > 1:
+            from minivllm.utils.parallel import destroy_distributed
+
+            destroy_distributed()
 
     # ------------------------------------------------------------------ KV cache
     def _block_bytes(self) -> int:
@@ -187,9 +198,12 @@ class ModelRunner:
         return self.sample(logits, [seq for seq, n in out.scheduled if seq.num_computed_tokens + n == seq.num_tokens])
 
     def sample(self, logits: torch.Tensor, seqs: list) -> SampledTokens:
-        meta = build_sampling_metadata(
-            [s.sampling_params for s in seqs], [s.prompt_token_ids for s in seqs],
-            [s.completion_token_ids for s in seqs], self.eos_token_ids, self.device, self.vocab_size)
+        params = [s.sampling_params for s in seqs]
+        if any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params):
+            prompts, outputs = [s.prompt_token_ids for s in seqs], [s.completion_token_ids for s in seqs]
+        else:  # NOTE: without penalties only the output lengths are read (seeds, min_tokens): no copies
+            prompts, outputs = [()] * len(seqs), [range(s.num_completion_tokens) for s in seqs]
+        meta = build_sampling_metadata(params, prompts, outputs, self.eos_token_ids, self.device, self.vocab_size)
         res = self.sampler(logits, meta)
         want = [s.sampling_params.logprobs for s in seqs]
         if res.logprobs is None or all(w is None for w in want):
