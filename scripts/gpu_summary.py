@@ -1,0 +1,33 @@
+"""Print one table from the JSON results that scripts/gpu_check.sh wrote (ours, vLLM, ratio, target)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(folder: str) -> None:
+    rows = []
+    for path in sorted(Path(folder).glob("*.json")):
+        r = json.loads(path.read_text())
+        if r.get("benchmark") != "throughput":
+            if "hf_output_tok_s" in r or "output_tok_s" in r:
+                rows.append((path.stem, r.get("device_name", "?"), "transformers tok/s",
+                             r.get("hf_output_tok_s", r.get("output_tok_s")), None, None, None))
+            continue
+        one = r["workload"] == "one-request"
+        ours = r["ms_per_token"] if one else r["output_tok_s"]
+        ref = r.get("reference") or {}
+        runs = ", ".join(f"{x['ms_per_token' if one else 'output_tok_s']:.2f}" for x in r.get("runs", []))
+        rows.append((f"{r['model_name']} {r['workload']}", r.get("device_name", "?"),
+                     "ms/token" if one else "output tok/s", ours, ref.get("vllm"), ref.get("target"), runs))
+    print("\n== summary ==")
+    print(f"{'workload':<28}{'metric':<20}{'ours':>10}{'vLLM':>10}{'target':>10}  runs")
+    for name, _dev, metric, ours, vllm, target, runs in rows:
+        f = lambda v: f"{v:>10.2f}" if isinstance(v, (int, float)) else f"{'-':>10}"
+        print(f"{name:<28}{metric:<20}{f(ours)}{f(vllm)}{f(target)}  {runs or ''}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "/tmp/gpu_check")
