@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.utils.parallel import tp_rank, tp_size
+from minivllm.utils.parallel import current_tp_group, tp_rank, tp_size
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -15,7 +14,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
-        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.tp_rank, self.tp_size, self.tp_group = tp_rank(), tp_size(), current_tp_group()
         self.num_embeddings = num_embeddings
         self.per_rank = (num_embeddings + self.tp_size - 1) // self.tp_size
         self.vocab_start = self.per_rank * self.tp_rank
@@ -34,7 +33,7 @@ class VocabParallelEmbedding(nn.Module):
         mask = (x >= self.vocab_start) & (x < self.vocab_end)
         y = F.embedding((x - self.vocab_start) * mask, self.weight)
         y = y * mask.unsqueeze(1).to(y.dtype)
-        dist.all_reduce(y)
+        self.tp_group.all_reduce(y)
         return y
 
 
@@ -45,8 +44,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         logits = F.linear(x, self.weight)  # [num_rows, per_rank]
         if self.tp_size == 1:
             return logits
-        parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
-        dist.gather(logits, parts, dst=0)
-        if self.tp_rank != 0:
+        parts = self.tp_group.gather(logits, dst=0)  # NOTE: outside any CUDA graph (sampled rows only)
+        if parts is None:
             return None
         return torch.cat(parts, dim=-1)[:, : self.num_embeddings]

@@ -7,17 +7,17 @@ copies this rank's slice of the full (unsharded) checkpoint tensor into it.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.utils.parallel import divide, tp_rank, tp_size
+from minivllm.utils.parallel import current_tp_group, divide, tp_rank, tp_size
 
 
 class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
         super().__init__()
         self.tp_rank, self.tp_size, self.tp_dim = tp_rank(), tp_size(), tp_dim
+        self.tp_group = current_tp_group()  # NOTE: the group current at construction, kept for forward
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -107,5 +107,5 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
         if self.tp_size > 1:
-            dist.all_reduce(y)
+            self.tp_group.all_reduce(y)
         return y

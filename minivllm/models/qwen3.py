@@ -30,6 +30,7 @@ class DecoderAttention(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads, backend)
         self.qk_norm = qk_norm
+        self.fused = backend == "triton"
         if qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -40,19 +41,26 @@ class DecoderAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)  # [n, heads, head_dim]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [n, kv_heads, head_dim]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        if self.fused:  # one kernel: per-head q/k RMSNorm + RoPE, in place in the qkv buffer
+            from minivllm.kernels.fused_rope import qk_norm_rope
+
+            qw, kw = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
+            eps = self.q_norm.eps if self.qk_norm else 1e-6
+            q, k = qk_norm_rope(q, k, positions, self.rotary_emb.cos_sin_cache, qw, kw, eps, inplace=True)
+        else:
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary_emb(positions, q, k)
         o = self.attn(q, k, v, meta)  # [n, heads, head_dim]
         return self.o_proj(o.flatten(1, 2))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, fused: bool = False):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
-        self.act_fn = SiluAndMul()
+        self.act_fn = SiluAndMul(fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -61,10 +69,11 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str):
         super().__init__()
+        fused = backend == "triton"
         self.self_attn = DecoderAttention(cfg, max_position, qk_norm, qkv_bias, backend)
-        self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, fused)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
 
     def forward(self, positions, x, residual, meta):
         if residual is None:
@@ -82,7 +91,7 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
             [DecoderLayer(cfg, max_position, qk_norm, qkv_bias, backend) for _ in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend == "triton")
 
     def forward(self, input_ids, positions, meta):
         x, residual = self.embed_tokens(input_ids), None  # [n, hidden]

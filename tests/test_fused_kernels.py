@@ -1,0 +1,222 @@
+"""Fused Triton RMSNorm / add+RMSNorm / q-k norm+RoPE / SiLU-and-mul vs the torch layers.
+
+Without a GPU these run under ``TRITON_INTERPRET=1`` (set by ``tests/conftest.py``), so shapes
+are small. Outputs the wrappers allocate are poisoned with NaN (``torch.empty`` is patched
+during the call) so an unwritten element fails. float32 must match the torch layer to ~1e-6;
+float16/bfloat16 are compared with a float32 reference (relative error < 1e-2) and must not
+be much worse than the torch layer run in the same dtype, whose rounding they reproduce (so
+they equal it up to rare 1-ulp flips). NOTE: the interpreter's float32 -> bfloat16 conversion
+truncates; the ``rtne_bf16`` fixture patches it to round to nearest even, as GPUs do.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from minivllm.kernels.fused_act import silu_and_mul  # noqa: E402
+from minivllm.kernels.fused_norm import fused_add_rms_norm, rms_norm  # noqa: E402
+from minivllm.kernels.fused_rope import qk_norm_rope  # noqa: E402
+from minivllm.layers.activation import SiluAndMul  # noqa: E402
+from minivllm.layers.layernorm import RMSNorm  # noqa: E402
+from minivllm.layers.rotary import RotaryEmbedding  # noqa: E402
+
+pytestmark = pytest.mark.triton
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+EPS = 1e-6
+_EMPTY = torch.empty
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """While active, ``torch.empty`` of a float dtype returns a NaN-filled tensor."""
+    def empty(*size, dtype=None, device=None, **kw):
+        t = _EMPTY(*size, dtype=dtype, device=device, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.fixture(autouse=True)
+def rtne_bf16(monkeypatch):
+    """The interpreter converts float32 -> bfloat16 by truncation; GPUs (and torch) round to
+    nearest even. Patch its converter so bf16 numerics are those of the GPU (Triton 3.x)."""
+    from triton.runtime import interpreter
+
+    orig = getattr(interpreter, "_convert_float", None)
+    if not INTERPRET or orig is None:
+        return False
+    import numpy as np
+    import triton.language as tl
+
+    def convert(x, src_ty, dst_ty, rounding_mode):
+        if src_ty == tl.float32 and dst_ty == tl.bfloat16:
+            t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16)  # RTNE
+            return t.view(torch.int16).numpy().view(np.uint16).reshape(np.shape(x))
+        return orig(x, src_ty, dst_ty, rounding_mode)
+
+    monkeypatch.setattr(interpreter, "_convert_float", convert)
+    return True
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "non-finite output (unwritten element?)"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check(out, layer_out, ref32, dtype):
+    """out: kernel; layer_out: torch layer in the same dtype; ref32: torch layer in float32."""
+    assert out.dtype == dtype and out.shape == ref32.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref32, rtol=1e-5, atol=1e-5)
+        return
+    err, layer_err = rel_err(out, ref32), rel_err(layer_out, ref32)
+    assert err < 1e-2, f"relative error {err:.2e} vs float32"
+    assert err <= 1.5 * layer_err + 1e-3, f"kernel {err:.2e} much worse than the torch layer {layer_err:.2e}"
+    # same op-by-op rounding as the torch layer: equal up to rare 1-ulp flips (float32 rsqrt / sum order)
+    ulp = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
+    torch.testing.assert_close(out, layer_out, rtol=ulp, atol=ulp * layer_out.abs().max().item())
+    assert (out != layer_out).float().mean().item() < 0.05, "too many elements differ from the torch layer"
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(g, *shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(device=DEV, dtype=dtype)
+
+
+ROWS = [(1, 64), (7, 96), (33, 128)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,d", ROWS)
+def test_rms_norm(n, d, dtype, poison):
+    g = gen(n * 1000 + d)
+    x = randn(g, n, d, dtype=dtype, scale=3.0)  # [n, d]
+    w = (1.0 + 0.2 * torch.randn(d, generator=g)).to(device=DEV, dtype=dtype)  # [d]
+    layer, layer32 = RMSNorm(d, EPS).to(DEV), RMSNorm(d, EPS).to(DEV)
+    layer.weight.data, layer32.weight.data = w, w.float()
+    x_in = x.clone()
+    out = rms_norm(x, w, EPS)
+    assert torch.equal(x, x_in), "input modified"
+    check(out, layer(x), layer32(x.float()), dtype)
+    # a strided row view (every other row of a wider buffer) and ``out=`` in place
+    buf = randn(g, 2 * n, d + 8, dtype=dtype)  # [2n, d + 8]
+    xv = buf[::2, :d]  # [n, d], row stride 2 * (d + 8)
+    check(rms_norm(xv, w, EPS), layer(xv), layer32(xv.float()), dtype)
+    expected = layer(x)
+    assert rms_norm(x, w, EPS, out=x) is x
+    check(x, expected, layer32(x_in.float()), dtype)
+
+
+def test_rms_norm_float32_exact():
+    g = gen(7)
+    for n, d in [(5, 96), (3, 1024)]:
+        x, layer = randn(g, n, d, scale=5.0), RMSNorm(d, EPS).to(DEV)
+        layer.weight.data = randn(g, d)
+        torch.testing.assert_close(rms_norm(x, layer.weight, EPS), layer(x), rtol=1e-6, atol=1e-6)
+    x3, layer = randn(g, 2, 3, 64), RMSNorm(64, EPS).to(DEV)  # [2, 3, 64]: leading dims are flattened
+    layer.weight.data = randn(g, 64)
+    torch.testing.assert_close(rms_norm(x3, layer.weight, EPS), layer(x3), rtol=1e-6, atol=1e-6)
+    assert rms_norm(randn(g, 0, 64), layer.weight, EPS).shape == (0, 64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,d", ROWS)
+def test_fused_add_rms_norm(n, d, dtype, poison):
+    g = gen(n * 1000 + d + 1)
+    x, res = randn(g, n, d, dtype=dtype, scale=2.0), randn(g, n, d, dtype=dtype, scale=4.0)  # [n, d] each
+    w = (1.0 + 0.2 * torch.randn(d, generator=g)).to(device=DEV, dtype=dtype)  # [d]
+    layer, layer32 = RMSNorm(d, EPS).to(DEV), RMSNorm(d, EPS).to(DEV)
+    layer.weight.data, layer32.weight.data = w, w.float()
+    ref_out, ref_res = layer(x, res)
+    ref32_out, ref32_res = layer32(x.float(), res.float())
+    x_in, res_in = x.clone(), res.clone()
+    out, new_res = fused_add_rms_norm(x, res, w, EPS)
+    assert torch.equal(x, x_in) and torch.equal(res, res_in), "inputs modified without inplace"
+    check(new_res, ref_res, ref32_res, dtype)
+    check(out, ref_out, ref32_out, dtype)
+    if dtype != torch.bfloat16:  # x + residual is one rounding: identical to torch
+        assert torch.equal(new_res, ref_res)
+    # in place: out -> x's buffer, x + residual -> residual's buffer
+    out2, res2 = fused_add_rms_norm(x, res, w, EPS, inplace=True)
+    assert out2.data_ptr() == x.data_ptr() and res2.data_ptr() == res.data_ptr()
+    assert torch.equal(out2, out) and torch.equal(res2, new_res)
+
+
+QK_SHAPES = [(1, 4, 2, 16), (7, 8, 1, 32), (33, 4, 2, 64), (5, 8, 1, 128)]
+
+
+def rope_case(n, hq, hkv, hd, dtype, seed):
+    g = gen(seed)
+    qkv = randn(g, n, (hq + 2 * hkv) * hd, dtype=dtype, scale=2.0)  # [n, (hq + 2 hkv) hd]
+    qkv[:, (hq + hkv) * hd:] = float("nan")  # v: must be neither read nor written
+    q, k, _ = qkv.split([hq * hd, hkv * hd, hkv * hd], dim=-1)
+    q, k = q.view(n, hq, hd), k.view(n, hkv, hd)  # strided views, row stride (hq + 2 hkv) hd
+    rope = RotaryEmbedding(hd, 4096, 1e6).to(DEV)
+    positions = torch.randint(0, 4096, (n,), generator=g).to(DEV)  # [n] int64
+    qn, kn = RMSNorm(hd, EPS).to(DEV), RMSNorm(hd, EPS).to(DEV)
+    qn.weight.data = (1.0 + 0.3 * torch.randn(hd, generator=g)).to(device=DEV, dtype=dtype)
+    kn.weight.data = (1.0 + 0.3 * torch.randn(hd, generator=g)).to(device=DEV, dtype=dtype)
+    return qkv, q, k, positions, rope, qn, kn
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,hq,hkv,hd", QK_SHAPES)
+def test_qk_norm_rope(n, hq, hkv, hd, dtype, poison):
+    qkv, q, k, positions, rope, qn, kn = rope_case(n, hq, hkv, hd, dtype, seed=n * 100 + hq * 10 + hd)
+    w32 = [m.weight.float() for m in (qn, kn)]
+    for use_norm in (True, False):
+        if use_norm:
+            ref_q, ref_k = rope(positions, qn(q), kn(k))
+            n32 = [(t.float() * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True) + EPS)) * w
+                   for t, w in zip((q, k), w32)]
+            ref32_q, ref32_k = rope(positions, *n32)
+            weights = (qn.weight, kn.weight)
+        else:
+            ref_q, ref_k = rope(positions, q, k)
+            ref32_q, ref32_k = rope(positions, q.float(), k.float())
+            weights = (None, None)
+        qkv_in = qkv.clone()
+        q_out, k_out = qk_norm_rope(q, k, positions, rope.cos_sin_cache, *weights, eps=EPS)
+        assert torch.equal(qkv.nan_to_num(), qkv_in.nan_to_num()), "input modified without inplace"
+        assert q_out.is_contiguous() and k_out.is_contiguous()
+        check(q_out, ref_q, ref32_q, dtype)
+        check(k_out, ref_k, ref32_k, dtype)
+        # in place into the qkv buffer: same views back, v untouched
+        q_ip, k_ip = qk_norm_rope(q, k, positions, rope.cos_sin_cache, *weights, eps=EPS, inplace=True)
+        assert q_ip.data_ptr() == q.data_ptr() and k_ip.data_ptr() == k.data_ptr()
+        assert torch.equal(q_ip, q_out) and torch.equal(k_ip, k_out)
+        assert qkv[:, (hq + hkv) * hd:].isnan().all(), "v was written"
+        qkv.copy_(qkv_in)
+
+
+def test_qk_norm_rope_int32_positions_and_empty():
+    qkv, q, k, positions, rope, qn, kn = rope_case(3, 4, 2, 32, torch.float32, seed=5)
+    a = qk_norm_rope(q, k, positions, rope.cos_sin_cache, qn.weight, kn.weight, EPS)
+    b = qk_norm_rope(q, k, positions.int(), rope.cos_sin_cache, qn.weight, kn.weight, EPS)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    e = qk_norm_rope(q[:0], k[:0], positions[:0], rope.cos_sin_cache, qn.weight, kn.weight, EPS)
+    assert e[0].shape == (0, 4, 32) and e[1].shape == (0, 2, 32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,d", ROWS)
+def test_silu_and_mul(n, d, dtype, poison):
+    g = gen(n * 1000 + d + 2)
+    x = randn(g, n, 2 * d, dtype=dtype, scale=3.0)  # [n, 2d]
+    out = silu_and_mul(x)  # [n, d]
+    check(out, SiluAndMul()(x), SiluAndMul()(x.float()), dtype)
+    wide = randn(g, n, 2 * d + 16, dtype=dtype, scale=3.0)  # [n, 2d + 16]
+    xv = wide[:, :2 * d]  # [n, 2d], row stride 2d + 16
+    check(silu_and_mul(xv), SiluAndMul()(xv), SiluAndMul()(xv.float()), dtype)
+    assert silu_and_mul(x[:0]).shape == (0, d)
