@@ -65,8 +65,8 @@ def paged_attention_ref(
         q = query[start:end].transpose(0, 1).float()  # [num_heads, q_len, head_dim]
         k = k.transpose(0, 1).float().repeat_interleave(num_heads // num_kv_heads, dim=0)
         v = v.transpose(0, 1).float().repeat_interleave(num_heads // num_kv_heads, dim=0)
-        q_pos = torch.arange(ctx - q_len, ctx).unsqueeze(1)  # [q_len, 1]
-        k_pos = torch.arange(ctx).unsqueeze(0)  # [1, ctx]
+        q_pos = torch.arange(ctx - q_len, ctx, device=query.device).unsqueeze(1)  # [q_len, 1]
+        k_pos = torch.arange(ctx, device=query.device).unsqueeze(0)  # [1, ctx]
         mask = k_pos <= q_pos  # [q_len, ctx]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [num_heads, q_len, head_dim]
         out[start:end] = o.transpose(0, 1).to(query.dtype)
