@@ -20,6 +20,7 @@ from minivllm.layers.attention_metadata import AttentionMetadata
 from minivllm.layers.sampler import Sampler, build_sampling_metadata
 from minivllm.models.loader import init_dummy_weights, load_weights
 from minivllm.models.registry import get_model_class
+from minivllm.utils.parallel import TPGroup, tp_group_context
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -38,14 +39,13 @@ class ModelRunner:
             index = rank if config.device == "cuda" else int(config.device.split(":")[1]) + rank
             self.device = torch.device("cuda", index)
             torch.cuda.set_device(self.device)
-        if config.tensor_parallel_size > 1:  # before any layer is built: they read rank and size
-            from minivllm.utils.parallel import init_distributed
-
-            init_distributed(self.device, dist_init_method, config.tensor_parallel_size, rank)
+        self.tp_group = None  # this engine's tensor-parallel group; layers built below keep it
+        if config.tensor_parallel_size > 1:
+            self.tp_group = TPGroup(self.device, dist_init_method, config.tensor_parallel_size, rank)
         torch.manual_seed(config.seed)
         mc = config.model_config
         model_cls = get_model_class(mc.architecture)
-        with torch.device(self.device):
+        with torch.device(self.device), tp_group_context(self.tp_group):
             prev = torch.get_default_dtype()
             torch.set_default_dtype(self.dtype)
             try:
@@ -70,10 +70,8 @@ class ModelRunner:
 
     def shutdown(self) -> None:
         """Leave the tensor-parallel process group (if any); the runner must not be used afterwards."""
-        if self.config.tensor_parallel_size > 1:
-            from minivllm.utils.parallel import destroy_distributed
-
-            destroy_distributed()
+        if self.tp_group is not None:
+            self.tp_group.shutdown()
 
     # ------------------------------------------------------------------ KV cache
     def _block_bytes(self) -> int:
@@ -140,11 +138,9 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> int:
         num_blocks = self._profile_num_blocks()
-        if self.config.tensor_parallel_size > 1:
-            import torch.distributed as dist
-
+        if self.tp_group is not None:
             t = torch.tensor([num_blocks], device=self.device if self.device.type == "cuda" else "cpu")
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            self.tp_group.all_reduce(t, op="min")
             num_blocks = int(t.item())
         if num_blocks < 1:
             raise RuntimeError(

@@ -88,8 +88,10 @@ def _generate(args: argparse.Namespace) -> int:
             outputs = llm.generate(args.prompt, params, use_tqdm=False)
     except ValueError as exc:
         sys.exit(f"minivllm: {exc}")
-    for out in outputs:
-        print(out["text"])
+    for i, (prompt, out) in enumerate(zip(args.prompt, outputs)):
+        if len(outputs) > 1:
+            print(f"--- {i}")
+        print(prompt + out["text"])
     return 0
 
 

@@ -1,14 +1,19 @@
-"""Tensor-parallel rank and world size of this process (1 rank when torch.distributed is off).
+"""Tensor-parallel process groups: one ``TPGroup`` per engine, not torch.distributed's global default.
 
-Also the process-group lifecycle the model runners use: ``init_distributed`` (NCCL on CUDA,
-gloo on the CPU), ``abort_distributed`` (from a monitor thread, when a peer died) and
-``destroy_distributed``.
+NOTE: a process can hold several tensor-parallel engines at once (each engine's rank 0 lives
+in the engine's process), so the groups are standalone c10d backends (NCCL on CUDA, gloo on
+the CPU) over their own TCPStore, never ``init_process_group``'s single default group. Layers
+take the group that is *current* while the model is built (``tp_group_context``) and keep it;
+``tp_rank()`` / ``tp_size()`` read that group (rank 0 of 1 outside any context).
 """
 
 from __future__ import annotations
 
 import os
+import weakref
+from contextlib import contextmanager
 from datetime import timedelta
+from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
@@ -17,53 +22,111 @@ import torch.distributed as dist
 # this; the timeout only ends waits on a peer that is alive but stuck.
 DEFAULT_TIMEOUT_S = float(os.environ.get("MINIVLLM_TP_TIMEOUT_S", "300"))
 
+_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+_current: TPGroup | None = None
+_live: weakref.WeakValueDictionary[str, TPGroup] = weakref.WeakValueDictionary()
+
+
+class TPGroup:
+    """This rank's handle on one engine's tensor-parallel group (rendezvous at ``tcp://host:port``)."""
+
+    def __init__(self, device: torch.device, init_method: str, world_size: int, rank: int,
+                 timeout_s: float | None = None):
+        if not init_method:
+            raise ValueError("tensor_parallel_size > 1 needs a rendezvous address (dist_init_method)")
+        url = urlparse(init_method)
+        timeout = timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S)
+        self.rank, self.size, self.address = rank, world_size, init_method
+        self.is_nccl = device.type == "cuda"
+        self.store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0, timeout=timeout)
+        store = dist.PrefixStore("minivllm_tp/", self.store)
+        if self.is_nccl:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self.backend = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+            # NOTE: as torch's own NCCL factory does: the communicator exists before any forward
+            # (and long before CUDA-graph capture), and abort() has one to abort.
+            for name, args in (("_set_sequence_number_for_group", ()), ("eager_connect_single_device", (device,))):
+                if hasattr(self.backend, name):
+                    getattr(self.backend, name)(*args)
+        else:
+            self.backend = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        _live[init_method] = self
+
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> None:
+        """In place, over all ranks (contiguous ``t``; fine inside a CUDA graph capture with NCCL)."""
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _OPS[op]
+        self.backend.allreduce([t], opts).wait()
+
+    def gather(self, t: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | None:
+        """Every rank's ``t`` (same shape everywhere) on rank ``dst``; None on the others."""
+        opts = dist.GatherOptions()
+        opts.rootRank = dst
+        parts = [torch.empty_like(t) for _ in range(self.size)] if self.rank == dst else None
+        self.backend.gather([parts] if parts is not None else [], [t], opts).wait()
+        return parts
+
+    def abort(self) -> None:
+        """Make pending NCCL collectives return (a peer died); no-op on gloo.
+
+        NOTE: gloo needs nothing: a dead peer closes its sockets and the pending collective
+        raises. NCCL kernels would spin until the timeout instead.
+        """
+        if self.is_nccl:
+            try:
+                self.backend.abort()
+            except Exception:  # noqa: BLE001 - best effort: the caller reports the dead worker anyway
+                pass
+
+    def shutdown(self) -> None:
+        """Release the backend. NOTE: a broken gloo backend left to the interpreter's exit aborts the process."""
+        _live.pop(self.address, None)
+        backend, self.backend, self.store = getattr(self, "backend", None), None, None
+        if backend is not None:
+            try:
+                backend.shutdown()
+            except Exception:  # noqa: BLE001 - already aborted or broken: nothing left to release
+                pass
+
+
+def abort_group(init_method: str, shutdown: bool = False) -> None:
+    """Abort (and with ``shutdown``, release) this process's live group at ``init_method``, if any.
+
+    For the executor: from its monitor thread when a worker died, and after a failed start
+    (a ModelRunner that raised after joining its group leaves no handle to it).
+    """
+    group = _live.get(init_method)
+    if group is not None:
+        group.abort()
+        if shutdown:
+            group.shutdown()
+
+
+def current_tp_group() -> TPGroup | None:
+    return _current
+
+
+@contextmanager
+def tp_group_context(group: TPGroup | None):
+    """Make ``group`` the one layers built inside this block use (None: no tensor parallelism)."""
+    global _current
+    prev, _current = _current, group
+    try:
+        yield group
+    finally:
+        _current = prev
+
 
 def tp_rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return _current.rank if _current is not None else 0
 
 
 def tp_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return _current.size if _current is not None else 1
 
 
 def divide(numerator: int, denominator: int) -> int:
     if numerator % denominator:
         raise ValueError(f"{numerator} is not divisible by {denominator}")
     return numerator // denominator
-
-
-def init_distributed(device: torch.device, init_method: str, world_size: int, rank: int,
-                     timeout_s: float | None = None) -> None:
-    """Join the tensor-parallel process group: NCCL for CUDA devices (set the device first), gloo on the CPU."""
-    if init_method is None:
-        raise ValueError("tensor_parallel_size > 1 needs a rendezvous address (dist_init_method)")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank,
-                            timeout=timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S))
-
-
-def abort_distributed() -> None:
-    """Make pending NCCL collectives of this process return (a peer died). No-op for gloo.
-
-    NOTE: gloo needs nothing: a dead peer closes its sockets and the pending collective raises.
-    NCCL kernels would spin until the timeout instead, so the communicators are aborted.
-    """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() != "nccl":
-        return
-    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    try:
-        if abort is not None:
-            abort()
-        else:  # older torch
-            dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda")).abort()
-    except Exception:  # noqa: BLE001 - best effort: the caller reports the dead worker either way
-        pass
-
-
-def destroy_distributed() -> None:
-    """Leave the process group (idempotent; safe after a peer died or after an abort)."""
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - the group may already be aborted or broken
-            pass

@@ -1,0 +1,142 @@
+"""Tensor-parallel scaling: throughput and one-request latency at several TP sizes (dummy weights).
+
+Throughput is nano-vLLM's workload: 256 requests (``random.seed(0)``), prompts of
+randint(100, 1024) tokens drawn from randint(0, 10000), max_tokens randint(100, 1024),
+ignore_eos, temperature 0.6, max_model_len 4096, after one warm-up generate; tok/s = requested
+output tokens / wall time. Latency is one request, a 128-token prompt -> 512 tokens: ms/token =
+wall time / 512 (and TPOT, the decode part alone). Each TP size runs in a fresh subprocess, so
+GPU memory and worker processes are released between sizes. Scaling efficiency at TP=k is
+tok/s(k) / (k * tok/s(1)).
+
+    python benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-8b --tp 1 2 4 --json-out runs/tp_8b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = str(Path(__file__).resolve().parents[1])
+
+
+def _workload(args: argparse.Namespace, vocab: int):
+    from minivllm import SamplingParams
+
+    random.seed(0)
+    hi = min(10000, vocab - 1)
+    prompts = [[random.randint(0, hi) for _ in range(random.randint(100, args.max_input_len))]
+               for _ in range(args.num_seqs)]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(100, args.max_output_len))
+              for _ in range(args.num_seqs)]
+    return prompts, params
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """One TP size, in this process: the throughput run, then the one-request latency run."""
+    sys.path.insert(0, REPO)
+    from minivllm import LLM, SamplingParams
+
+    kw = dict(load_format="dummy", tensor_parallel_size=args.tp, max_model_len=args.max_model_len,
+              enforce_eager=args.enforce_eager)
+    kw.update({k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None})
+    t0 = time.perf_counter()
+    llm = LLM(args.model, **kw)
+    try:
+        startup = time.perf_counter() - t0
+        vocab = llm.config.model_config.vocab_size
+        prompts, params = _workload(args, vocab)
+        llm.generate([[random.randint(0, min(10000, vocab - 1)) for _ in range(16)]], SamplingParams(),
+                     use_tqdm=False)  # warm-up
+        t = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - t
+        out_tokens = sum(p.max_tokens for p in params)
+        rng = random.Random(1)
+        prompt = [rng.randint(0, min(10000, vocab - 1)) for _ in range(args.latency_input_len)]
+        sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=args.latency_output_len)
+        t = time.perf_counter()
+        llm.add_request(prompt, sp)
+        final = None
+        while final is None:
+            final = next((o for o in llm.step()[0] if o.finished), None)
+        latency = time.perf_counter() - t
+        n = len(final.outputs[0].token_ids)
+        tpot = (final.finished_time - final.first_token_time) / max(1, n - 1)
+        return {"tp": args.tp, "startup_s": startup, "kv_blocks": llm.executor.num_kvcache_blocks,
+                "throughput_tok_s": out_tokens / elapsed, "throughput_elapsed_s": elapsed,
+                "output_tokens": out_tokens, "latency_s": latency, "ms_per_token": 1000 * latency / n,
+                "tpot_ms": 1000 * tpot, "device": llm.config.device, "dtype": llm.config.dtype}
+    finally:
+        llm.close()
+
+
+def run_subprocess(args: argparse.Namespace, tp: int) -> dict:
+    """``measure`` for one TP size in a fresh interpreter; the last stdout line is its JSON."""
+    cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--tp", str(tp),
+           "--num-seqs", str(args.num_seqs), "--max-input-len", str(args.max_input_len),
+           "--max-output-len", str(args.max_output_len), "--max-model-len", str(args.max_model_len),
+           "--latency-input-len", str(args.latency_input_len), "--latency-output-len", str(args.latency_output_len)]
+    cmd += [f for f, v in (("--enforce-eager", args.enforce_eager),) if v]
+    cmd += [x for k in ("device", "dtype") if getattr(args, k) for x in (f"--{k}", getattr(args, k))]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"tp": tp, "error": f"exit code {proc.returncode}"}
+    return json.loads(lines[-1])
+
+
+def table(rows: list[dict]) -> str:
+    base = next((r["throughput_tok_s"] for r in rows if r.get("tp") == 1 and "error" not in r), None)
+    out = [f"{'TP':>3} {'tok/s':>10} {'ms/token':>9} {'TPOT ms':>8} {'efficiency':>10} {'KV blocks':>9}"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"{r['tp']:>3} failed: {r['error']}")
+            continue
+        eff = r["throughput_tok_s"] / (r["tp"] * base) if base else None
+        r["scaling_efficiency"] = eff
+        out.append(f"{r['tp']:>3} {r['throughput_tok_s']:>10.1f} {r['ms_per_token']:>9.2f} {r['tpot_ms']:>8.2f} "
+                   f"{'-' if eff is None else f'{eff:.1%}':>10} {r['kv_blocks']:>9}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a folder with config.json (weights are not read)")
+    p.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4], help="tensor-parallel sizes")
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--max-input-len", type=int, default=1024)
+    p.add_argument("--max-output-len", type=int, default=1024)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--latency-input-len", type=int, default=128)
+    p.add_argument("--latency-output-len", type=int, default=512)
+    p.add_argument("--device", default=None, help="default: cuda if available")
+    p.add_argument("--dtype", default=None, help="default: the config's")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--json-out", default=None)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        args.tp = args.tp[0]
+        print(json.dumps(measure(args)), flush=True)
+        return []
+    rows = []
+    for tp in args.tp:
+        print(f"TP={tp} ...", flush=True)
+        rows.append(run_subprocess(args, tp))
+    print(f"\n{args.model}: {args.num_seqs} requests (throughput), "
+          f"{args.latency_input_len} -> {args.latency_output_len} tokens (latency)")
+    print(table(rows))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps({"model": args.model, "args": vars(args), "results": rows}, indent=2))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

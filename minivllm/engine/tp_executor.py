@@ -1,0 +1,249 @@
+"""MultiProcExecutor: tensor parallelism with one process per rank (NCCL on GPUs, gloo on the CPU).
+
+Rank 0's ModelRunner lives in the engine process; ranks 1..N-1 are spawned workers. Each step
+rank 0 builds the ``StepInputs`` once, pickles ``(command, args)`` into a shared-memory block
+(8-byte length header), signals each worker, and all ranks run ``execute`` in lockstep; rank 0
+then samples. A monitor thread watches the workers' sentinels: if one dies, the others are
+killed, an NCCL group is aborted, and the engine raises a clear RuntimeError.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import struct
+import threading
+import time
+import uuid
+from contextlib import suppress
+from multiprocessing.connection import wait as wait_any
+from multiprocessing.shared_memory import SharedMemory
+
+import torch
+
+from minivllm.config import Config
+from minivllm.engine.executor import SampledTokens
+from minivllm.engine.scheduler import SchedulerOutput
+
+_HEADER = struct.Struct("<Q")
+_POLL_S = 0.5  # how often a waiting worker checks that its parent is alive
+_START_TIMEOUT_S = 300.0  # spawn + imports of a worker
+_EXIT_TIMEOUT_S = 10.0  # graceful exit before terminate, then kill
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _shm_size(config: Config) -> int:
+    """Bound on one pickled step: 3 int64 per token, a block-table row and a few scalars per sequence."""
+    max_blocks = -(-config.max_model_len // config.kvcache_block_size)
+    rows = min(config.max_num_seqs, config.max_num_batched_tokens)
+    return 2 * (65536 + 32 * config.max_num_batched_tokens + rows * (4 * max_blocks + 16))
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Worker thread: exit the worker if the engine process dies (even mid-collective)."""
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _worker_main(config: Config, rank: int, init_method: str, shm_name: str, wakeup, ready, parent_pid: int) -> None:
+    """Entry point of rank ``rank`` (>= 1): build a ModelRunner, then run commands until "exit"."""
+    if config.device == "cpu":
+        torch.set_num_threads(1)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    from minivllm.engine.model_runner import ModelRunner
+
+    shm = SharedMemory(name=shm_name)
+    ready.release()  # NOTE: imports done; the engine now starts rank 0, which opens the rendezvous
+    runner = ModelRunner(config, rank, dist_init_method=init_method)
+    try:
+        while True:
+            while not wakeup.acquire(timeout=_POLL_S):
+                if os.getppid() != parent_pid:
+                    return
+            # NOTE: rank 0 only writes the next command after this step's collectives finished on
+            # its side, which needs this rank to have read this one: one signal, one command.
+            (n,) = _HEADER.unpack_from(shm.buf, 0)
+            method, args = pickle.loads(shm.buf[_HEADER.size:_HEADER.size + n])
+            if method == "exit":
+                return
+            getattr(runner, method)(*args)
+    finally:
+        runner.shutdown()
+        shm.close()
+
+
+class MultiProcExecutor:
+    """Tensor parallel size > 1: rank 0 here, ranks 1..N-1 in spawned worker processes.
+
+    Same interface as ``UniProcExecutor``: ``run(scheduler_output) -> SampledTokens``,
+    ``num_kvcache_blocks`` and an idempotent ``close()``.
+    """
+
+    def __init__(self, config: Config):
+        from minivllm.engine.model_runner import ModelRunner
+
+        self.config = config
+        self.runner = None
+        self.procs: list = []
+        self._failure: str | None = None
+        self._failed = threading.Event()
+        self._closing = self._closed = False
+        self._monitor_thread = None
+        ctx = mp.get_context("spawn")
+        self.shm = SharedMemory(name=f"mvllm_tp_{os.getpid()}_{uuid.uuid4().hex[:12]}", create=True,
+                                size=_shm_size(config))
+        self.init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self._wake_r, self._wake_w = ctx.Pipe(duplex=False)
+        # NOTE: one semaphore per worker as its "event", not mp.Event: an mp.Event hides a lock,
+        # and a worker killed while holding it would block rank 0's next set() forever.
+        self.signals = [ctx.Semaphore(0) for _ in range(1, config.tensor_parallel_size)]
+        readies = [ctx.Semaphore(0) for _ in self.signals]
+        try:
+            for rank, (sig, ready) in enumerate(zip(self.signals, readies), 1):
+                p = ctx.Process(target=_worker_main, name=f"minivllm-tp{rank}", daemon=True,
+                                args=(config, rank, self.init_method, self.shm.name, sig, ready, os.getpid()))
+                p.start()
+                self.procs.append(p)
+            self._monitor_thread = threading.Thread(target=self._monitor, name="minivllm-tp-monitor", daemon=True)
+            self._monitor_thread.start()
+            deadline = time.monotonic() + _START_TIMEOUT_S
+            for rank, ready in enumerate(readies, 1):
+                while not ready.acquire(timeout=0.1):
+                    if self._failure or time.monotonic() > deadline:
+                        raise RuntimeError(self._failure or f"tensor-parallel worker rank {rank} did not start")
+            self.runner = ModelRunner(config, 0, dist_init_method=self.init_method)
+            self._raise_if_failed()
+        except BaseException as exc:
+            err = self._dead_worker_error(exc)
+            from minivllm.utils.parallel import abort_group
+
+            abort_group(self.init_method, shutdown=True)  # a rank-0 runner that raised left its group
+            self.close()
+            if err is not None and str(err) != str(exc):
+                raise err from exc
+            raise
+        self.num_kvcache_blocks = self.runner.num_kvcache_blocks
+        # NOTE: rank 0 must not start step N+1 before every worker has read step N's inputs and
+        # its async host-to-device copies (pinned staging buffers) are done. Step N's collectives
+        # finishing on rank 0 guarantees both: gloo blocks the host; with NCCL, sampling syncs,
+        # and a step that samples nothing synchronizes explicitly.
+        self._sync = torch.cuda.synchronize if self.runner.device.type == "cuda" else None
+
+    # ------------------------------------------------------------------ steps
+    def run(self, out: SchedulerOutput) -> SampledTokens:
+        """One step on every rank; returns rank 0's sampled tokens. Raises RuntimeError if a worker died."""
+        from minivllm.engine.step_inputs import build_step_inputs
+
+        self._raise_if_failed()
+        if self.runner is None:
+            raise RuntimeError("the tensor-parallel executor is closed")
+        # NOTE: built once; every rank takes the same path (eager or CUDA graph, logits or not)
+        # because it depends only on these inputs, so the collectives match across ranks.
+        inp = build_step_inputs(out, self.runner.block_size)
+        self._broadcast("execute", inp)
+        try:
+            sampled = self.runner.run(out, inp)
+            if self._sync is not None and len(inp.sample_indices) == 0:
+                self._sync()
+        except BaseException as exc:
+            err = self._dead_worker_error(exc)
+            if err is not None:
+                raise err from exc
+            # NOTE: the workers may be waiting in a collective that rank 0 left: later steps
+            # would pair mismatched collectives (garbage or a hang), so the engine stops here.
+            self._fail(f"a tensor-parallel step failed on rank 0 ({type(exc).__name__}: {exc}); "
+                       "the ranks are out of step and the engine cannot continue")
+            raise
+        self._raise_if_failed()  # an aborted NCCL step may "finish" with garbage
+        return sampled
+
+    def _broadcast(self, method: str, *args) -> None:
+        data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        end = _HEADER.size + len(data)
+        if end > self.shm.size:
+            raise RuntimeError(f"step inputs of {len(data)} bytes exceed the {self.shm.size}-byte shared memory")
+        self.shm.buf[_HEADER.size:end] = data
+        _HEADER.pack_into(self.shm.buf, 0, len(data))
+        for sig in self.signals:
+            sig.release()
+
+    # ---------------------------------------------------------------- failures
+    def _monitor(self) -> None:
+        """Thread: wait for a worker to exit; unless closing, record why, kill the rest, abort NCCL."""
+        by_sentinel = {p.sentinel: rank for rank, p in enumerate(self.procs, 1)}
+        ready = wait_any([*by_sentinel, self._wake_r])
+        dead = [self.procs[by_sentinel[s] - 1] for s in ready if s in by_sentinel]
+        if self._closing or not dead:
+            return
+        for p in dead:
+            p.join(1.0)
+        # NOTE: peers of a dead rank may fail and exit with it; blame a signal-killed one first
+        proc = min(dead, key=lambda p: (p.exitcode is None or p.exitcode >= 0, self.procs.index(p)))
+        self._fail(f"tensor-parallel worker rank {self.procs.index(proc) + 1} died "
+                   f"(exit code {proc.exitcode}); the engine cannot continue")
+
+    def _fail(self, message: str) -> None:
+        """Record the first failure, kill the workers left, abort an NCCL group (pending collectives return)."""
+        if self._failure is None:
+            self._failure = message
+        self._failed.set()
+        self._kill_workers()
+        from minivllm.utils.parallel import abort_group
+
+        abort_group(self.init_method)
+
+    def _dead_worker_error(self, exc: BaseException) -> RuntimeError | None:
+        """The RuntimeError to raise for ``exc`` if a worker died (gives the monitor a moment to see it)."""
+        if self._failed.wait(5.0 if isinstance(exc, RuntimeError) else 0.0):
+            return RuntimeError(self._failure)
+        return None
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(self._failure)
+
+    def _kill_workers(self) -> None:
+        for p in self.procs:
+            if p.exitcode is None:
+                p.kill()
+        for p in self.procs:
+            p.join(5.0)
+
+    # --------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Stop the workers (exit command, then terminate / kill), leave the group, free the shared memory."""
+        if self._closed:
+            return
+        self._closed = self._closing = True
+        self._wake_w.close()  # NOTE: ends the monitor's wait; it sees _closing and returns
+        if self._monitor_thread is not None:
+            self._monitor_thread.join(15.0)  # NOTE: so the monitor cannot report the exits below
+        if self._failure is None and any(p.exitcode is None for p in self.procs):
+            with suppress(ValueError, BufferError):
+                self._broadcast("exit")
+        deadline = time.monotonic() + _EXIT_TIMEOUT_S
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.exitcode is None:
+                p.terminate()
+                p.join(2.0)
+            if p.exitcode is None:
+                p.kill()
+                p.join(2.0)
+        if self.runner is not None:
+            self.runner.shutdown()
+            self.runner = None
+        self._wake_r.close()
+        self.signals = []  # NOTE: drops the named semaphores (/dev/shm/sem.mp-*) with the last reference
+        self.shm.close()
+        with suppress(FileNotFoundError):
+            self.shm.unlink()

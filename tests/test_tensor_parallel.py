@@ -1,0 +1,196 @@
+"""Tensor parallelism on the CPU over gloo: TP=2 gives TP=1's greedy tokens; worker death and cleanup.
+
+One TP=2 engine per tiny checkpoint is shared by the module (both alive at once); the failure
+and lifecycle tests build their own. Every process uses one torch thread (2 shared cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+KW = dict(device="cpu", dtype="float32")
+CHUNKED = dict(max_num_batched_tokens=32, num_kvcache_blocks=40, max_model_len=512)
+PROMPTS = [[(7 * i + 3 * j + 1) % 380 for j in range(3 + 11 * i)] for i in range(12)]  # 3..124 tokens
+GREEDY = SamplingParams(temperature=0, ignore_eos=True, max_tokens=20)
+REPO = str(Path(__file__).resolve().parents[1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+def _run(llm: LLM, params: SamplingParams = GREEDY) -> tuple[list[list[int]], int]:
+    """Greedy tokens of PROMPTS (prompt order) through the step API, and how many preemptions happened."""
+    ids = [llm.add_request(p, params) for p in PROMPTS]
+    done, preempted = {}, 0
+    while len(done) < len(ids):
+        outputs, stats = llm.step()
+        preempted += stats.num_preempted
+        done.update({o.request_id: o.outputs[0].token_ids for o in outputs if o.finished})
+    return [done[i] for i in ids], preempted
+
+
+def _reference(model: str, **kw) -> tuple[list[list[int]], int]:
+    with LLM(model, **KW, **kw) as llm:
+        return _run(llm)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        import psutil
+    except ImportError:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _our_shm() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"mvllm_tp_{os.getpid()}_")]
+
+
+@pytest.fixture(scope="module")
+def tp2_tied(tiny_tied_model):
+    llm = LLM(tiny_tied_model, tensor_parallel_size=2, **KW)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def tp2_untied(tiny_untied_model):
+    llm = LLM(tiny_untied_model, tensor_parallel_size=2, **KW)
+    yield llm
+    llm.close()
+
+
+def test_tp2_matches_tp1_tied(tp2_tied, tiny_tied_model):
+    attn = tp2_tied.executor.runner.model.model.layers[0].self_attn
+    assert (attn.num_heads, attn.num_kv_heads) == (2, 1)  # 4 heads / 2 kv heads split over 2 ranks
+    assert _run(tp2_tied)[0] == _reference(tiny_tied_model)[0]
+
+
+def test_tp2_matches_tp1_kv_heads_replicated(tp2_untied, tiny_untied_model):
+    qkv = tp2_untied.executor.runner.model.model.layers[0].self_attn.qkv_proj
+    assert (qkv.num_heads, qkv.num_kv_heads, qkv.num_kv_replicas) == (2, 1, 2)  # 1 kv head on both ranks
+    assert _run(tp2_untied)[0] == _reference(tiny_untied_model)[0]
+
+
+def test_tp2_chunked_prefill_small_cache(tiny_tied_model):
+    ref, _ = _reference(tiny_tied_model, **CHUNKED)
+    with LLM(tiny_tied_model, tensor_parallel_size=2, **KW, **CHUNKED) as llm:
+        assert llm.executor.num_kvcache_blocks == 40
+        out, preempted = _run(llm)
+    assert preempted > 0  # the small cache forces recomputation
+    assert out == ref
+
+
+def test_two_engines_at_once_then_close_leaves_nothing(tp2_tied, tp2_untied):
+    a, b = tp2_tied.executor, tp2_untied.executor
+    assert a.shm.name != b.shm.name and a.init_method != b.init_method
+    pids = [p.pid for p in a.procs + b.procs]
+    assert all(_alive(pid) for pid in pids) and len(_our_shm()) == 2
+    tp2_tied.close()
+    tp2_tied.close()  # idempotent
+    assert _run(tp2_untied)[0]  # the other engine is unaffected
+    tp2_untied.close()
+    assert not any(_alive(pid) for pid in pids)
+    assert not [p for p in a.procs + b.procs if p.exitcode != 0]  # they exited on the "exit" command
+    assert _our_shm() == []
+
+
+def test_killed_worker_raises_clear_error(tiny_tied_model):
+    llm = LLM(tiny_tied_model, tensor_parallel_size=2, max_model_len=1024, **KW)
+    pid = llm.executor.procs[0].pid
+    started = threading.Event()
+    killer = threading.Thread(target=lambda: started.wait(30) and (time.sleep(0.02), os.kill(pid, signal.SIGKILL)))
+    killer.start()
+    try:
+        for p in PROMPTS[:4]:
+            llm.add_request(p, SamplingParams(temperature=0, ignore_eos=True, max_tokens=900))
+        for _ in range(3):
+            llm.step()
+        started.set()  # the kill lands mid-step or between steps
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"worker rank 1 died \(exit code -9\)"):
+            while time.monotonic() - t0 < 30:
+                llm.step()
+        assert time.monotonic() - t0 < 30
+        with pytest.raises(RuntimeError, match="rank 1 died"):  # stays failed, no hang
+            llm.step()
+    finally:
+        killer.join()
+        llm.close()
+    assert not _alive(pid) and _our_shm() == []
+
+
+def test_rank0_error_mid_step_stops_engine(tiny_tied_model):
+    """Rank 0 leaves a step half-way (workers wait in a collective): the engine stops, no garbage later."""
+    llm = LLM(tiny_tied_model, tensor_parallel_size=2, **KW)
+    try:
+        pids = [p.pid for p in llm.executor.procs]
+        mlp = llm.executor.runner.model.model.layers[1].mlp
+
+        def boom(x):
+            raise KeyboardInterrupt
+
+        mlp.forward = boom
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+        del mlp.forward
+        with pytest.raises(RuntimeError, match="failed on rank 0 .*out of step"):
+            llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+        assert not any(_alive(pid) for pid in pids)
+    finally:
+        llm.close()
+    assert _our_shm() == []
+
+
+_CHILD = """
+import json, os, signal, sys
+from minivllm import LLM, SamplingParams
+llm = LLM(sys.argv[1], tensor_parallel_size=2, device="cpu", dtype="float32")
+llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
+print(json.dumps({"pids": [p.pid for p in llm.executor.procs], "shm": llm.executor.shm.name}), flush=True)
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_workers_end_with_the_engine_process(tiny_tied_model, how):
+    """Exit without close(): the engine's finalizer stops the workers. SIGKILL: they see their parent go."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", _CHILD, tiny_tied_model, how], capture_output=True, text=True,
+                          timeout=120, env=env)
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == (0 if how == "exit" else -signal.SIGKILL), proc.stderr
+    assert "Traceback" not in proc.stderr and "terminate called" not in proc.stderr, proc.stderr
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(p) for p in info["pids"]):
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in info["pids"])
+    assert not os.path.exists(f"/dev/shm/{info['shm']}")  # kill: the resource tracker unlinks it
+    assert how == "kill" or "leaked" not in proc.stderr, proc.stderr
