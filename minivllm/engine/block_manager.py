@@ -110,6 +110,10 @@ class BlockManager:
         whose tokens are all known after this step are registered in the prefix cache.
         """
         bs = self.block_size
+        if not computed_blocks and num_new_tokens == 1:  # decode fast path: nothing to allocate or cache
+            end = seq.num_computed_tokens + 1
+            if end <= len(seq.block_table) * bs and (end % bs or not self.enable_prefix_caching):
+                return True
         computed_blocks = computed_blocks or []
         if computed_blocks and seq.block_table:
             raise RuntimeError(f"prefix hits given for a sequence that already holds blocks: {seq}")

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Start `minivllm serve` on a dummy Qwen3-0.6B and run `minivllm bench serve` at three request rates.
+#   bash scripts/serve_bench.sh OUTDIR [MODEL]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+R=${1:-/tmp/serve_bench}; M=${2:-qwen3-0.6b}
+mkdir -p "$R"
+PORT=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+python3 -m minivllm.entrypoints.cli serve "benchmarks/configs/$M" --load-format dummy --port "$PORT" \
+    --served-model-name "$M" --max-model-len 4096 > "$R/server.log" 2>&1 &
+SERVER=$!
+trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
+for rate in 4 16 64; do
+  python3 -m minivllm.entrypoints.bench serve --base-url "http://127.0.0.1:$PORT" --model "$M" --token-ids \
+      --num-prompts 200 --input-len 256 --output-len 128 --request-rate "$rate" --ready-timeout 600 \
+      --label "minivllm $M" --json-out "$R/serve_${M}_rate${rate}.json" 2>&1 | tail -14
+done
+python3 benchmarks/plot.py "$R" 2>&1 | tail -3
