@@ -4,7 +4,7 @@
 # Results (JSON, logs) go to $OUT (the device tool's folder) or /tmp/gpu_check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 R=${OUT:-/tmp/gpu_check}
 mkdir -p "$R"
 sections=${*:-tests bench06 bench8b hf profile}

@@ -5,6 +5,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 R=${1:-/tmp/serve_bench}; M=${2:-qwen3-0.6b}
 mkdir -p "$R"
+if [ -d .whl ] && ! python3 -c "import fastapi, uvicorn" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
 PORT=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 python3 -m minivllm.entrypoints.cli serve "benchmarks/configs/$M" --load-format dummy --port "$PORT" \
     --served-model-name "$M" --max-model-len 4096 > "$R/server.log" 2>&1 &

@@ -3,8 +3,10 @@
 In bf16 the logits are coarse (one ulp is 0.0625 at 11 and 0.125 at 16), so two candidates can be
 exactly tied in transformers' own logits, and which one argmax picks then depends on rounding
 noise. A divergence is accepted only if it is such a near-tie in transformers' own logits: the two
-candidates at most one ulp of the logit's magnitude apart in ``dtype``. A prompt "matches" when
-all its tokens are identical.
+candidates at most ``max_ulps`` ulps of the logit's magnitude apart in ``dtype`` (2 by default: each
+implementation rounds its logits once, and the GPU kernels contract multiply-adds differently). A
+real bug moves logits by far more than that, and early. A prompt "matches" when all its tokens
+are identical.
 """
 
 import math
@@ -20,7 +22,8 @@ PROMPTS = [
 ]
 
 
-def compare_with_transformers(path: str, ours: list[list[int]], device: str, dtype=torch.bfloat16, new=32):
+def compare_with_transformers(path: str, ours: list[list[int]], device: str, dtype=torch.bfloat16, new=32,
+                              max_ulps: float = 2.0):
     """Returns (number of prompts whose tokens all match, list of non-tie divergences)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -42,6 +45,6 @@ def compare_with_transformers(path: str, ours: list[list[int]], device: str, dty
         a, b = logits[ref[n]].item(), logits[got[n]].item()
         mantissa_bits = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[dtype]
         ulp = 2.0 ** (math.floor(math.log2(max(abs(a), abs(b), 1e-30))) - mantissa_bits)
-        if abs(a - b) > ulp:
+        if abs(a - b) > max_ulps * ulp:
             bad.append((prompt, n, ref[n], got[n], logits[ref[n]].item(), logits[got[n]].item()))
     return matches, bad
