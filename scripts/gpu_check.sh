@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU suite and the benchmarks in one call, with a short table printed last.
 #   bash scripts/gpu_check.sh [SECTION ...]      sections: tests bench06 bench8b hf profile sampler kernels serve
-# Results (JSON, logs) go to $OUT (the device tool's folder) or /tmp/gpu_check.
+# Results (JSON, logs, plots) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-R=${OUT:-/tmp/gpu_check}
+R=/tmp/gpu_check
 mkdir -p "$R"
 sections=${*:-tests bench06 bench8b hf profile}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/device.txt"
@@ -28,4 +28,5 @@ for s in $sections; do
     *) echo "unknown section $s" ;;
   esac
 done
+[ -n "${OUT:-}" ] && tar czf "$OUT/results.tgz" -C "$R" .
 python3 scripts/gpu_summary.py "$R"
