@@ -12,21 +12,24 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$R/device.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$R/device.txt"
 bench() { python3 -m minivllm.entrypoints.bench throughput "$@" 2>&1 | tail -16; }
+# NOTE: every section has a time limit and the results are archived after each one, so a section
+# that hangs cannot take the others' results with it.
+save() { [ -n "${OUT:-}" ] && tar czf "$OUT/results.tgz" -C "$R" . ; true; }
 for s in $sections; do
   case $s in
-    tests) python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 | tee "$R/gpu_tests.log" | tail -15 ;;
+    tests) timeout 420 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider > "$R/gpu_tests.log" 2>&1; tail -15 "$R/gpu_tests.log" ;;
     bench06)
-      for w in nano fixed-batch one-request; do bench --model qwen3-0.6b --workload $w --repeat 3 --json-out "$R/q06_$w.json"; done ;;
+      for w in nano fixed-batch one-request; do timeout 150 bench --model qwen3-0.6b --workload $w --repeat 3 --json-out "$R/q06_$w.json"; done ;;
     bench8b)
-      for w in nano one-request; do bench --model qwen3-8b --workload $w --repeat 3 --json-out "$R/q8b_$w.json"; done ;;
-    hf) python3 benchmarks/hf_baseline.py --model qwen3-0.6b --json-out "$R/q06_hf_fixed.json" 2>&1 | tail -8 ;;
-    profile) python3 benchmarks/profile_step.py --model benchmarks/configs/qwen3-0.6b > "$R/profile.txt" 2>&1;
+      for w in nano one-request; do timeout 200 bench --model qwen3-8b --workload $w --repeat 3 --json-out "$R/q8b_$w.json"; done ;;
+    hf) timeout 150 python3 benchmarks/hf_baseline.py --model qwen3-0.6b --json-out "$R/q06_hf_fixed.json" 2>&1 | tail -8 ;;
+    profile) timeout 200 python3 benchmarks/profile_step.py --model benchmarks/configs/qwen3-0.6b > "$R/profile.txt" 2>&1;
              grep -A12 "^## " "$R/profile.txt" | grep -v "^--$" | head -40 ;;
-    sampler) python3 benchmarks/bench_sampler.py 2>&1 | tee "$R/sampler.txt" | tail -12 ;;
-    kernels) python3 benchmarks/bench_kernels.py 2>&1 | tee "$R/kernels.txt" | tail -25 ;;
-    serve) bash scripts/serve_bench.sh "$R" 2>&1 | tail -30 ;;
+    sampler) timeout 90 python3 benchmarks/bench_sampler.py > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt" ;;
+    kernels) timeout 200 python3 benchmarks/bench_kernels.py > "$R/kernels.txt" 2>&1; tail -25 "$R/kernels.txt" ;;
+    serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
     *) echo "unknown section $s" ;;
   esac
+  save
 done
-[ -n "${OUT:-}" ] && tar czf "$OUT/results.tgz" -C "$R" .
 python3 scripts/gpu_summary.py "$R"

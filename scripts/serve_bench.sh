@@ -14,8 +14,8 @@ python3 -m minivllm.entrypoints.cli serve "benchmarks/configs/$M" --load-format 
 SERVER=$!
 trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
 for rate in 4 16 64; do
-  python3 -m minivllm.entrypoints.bench serve --base-url "http://127.0.0.1:$PORT" --model "$M" --token-ids \
-      --num-prompts 200 --input-len 256 --output-len 128 --request-rate "$rate" --ready-timeout 600 \
+  timeout 120 python3 -m minivllm.entrypoints.bench serve --base-url "http://127.0.0.1:$PORT" --model "$M" --token-ids \
+      --num-prompts "${NUM_PROMPTS:-200}" --input-len 256 --output-len 128 --request-rate "$rate" --ready-timeout 150 --max-token-id "${MAX_TOKEN_ID:-10000}" \
       --label "minivllm $M" --json-out "$R/serve_${M}_rate${rate}.json" 2>&1 | tail -14
 done
 python3 benchmarks/plot.py "$R" 2>&1 | tail -3
