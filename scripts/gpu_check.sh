@@ -11,7 +11,7 @@ sections=${*:-tests bench06 bench8b hf profile}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/device.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$R/device.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$R/device.txt"
-bench() { python3 -m minivllm.entrypoints.bench throughput "$@" 2>&1 | tail -16; }
+BENCH="python3 -m minivllm.entrypoints.bench throughput"  # NOTE: `timeout` cannot run a shell function
 # NOTE: every section has a time limit and the results are archived after each one, so a section
 # that hangs cannot take the others' results with it.
 save() { [ -n "${OUT:-}" ] && tar czf "$OUT/results.tgz" -C "$R" . ; true; }
@@ -19,9 +19,9 @@ for s in $sections; do
   case $s in
     tests) timeout 420 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider > "$R/gpu_tests.log" 2>&1; tail -15 "$R/gpu_tests.log" ;;
     bench06)
-      for w in nano fixed-batch one-request; do timeout 150 bench --model qwen3-0.6b --workload $w --repeat 3 --json-out "$R/q06_$w.json"; done ;;
+      for w in nano fixed-batch one-request; do timeout 150 $BENCH --model qwen3-0.6b --workload $w --repeat 3 --json-out "$R/q06_$w.json" 2>&1 | tail -16; done ;;
     bench8b)
-      for w in nano one-request; do timeout 200 bench --model qwen3-8b --workload $w --repeat 3 --json-out "$R/q8b_$w.json"; done ;;
+      for w in nano one-request; do timeout 200 $BENCH --model qwen3-8b --workload $w --repeat 3 --json-out "$R/q8b_$w.json" 2>&1 | tail -16; done ;;
     hf) timeout 150 python3 benchmarks/hf_baseline.py --model qwen3-0.6b --json-out "$R/q06_hf_fixed.json" 2>&1 | tail -8 ;;
     profile) timeout 200 python3 benchmarks/profile_step.py --model benchmarks/configs/qwen3-0.6b > "$R/profile.txt" 2>&1;
              grep -A12 "^## " "$R/profile.txt" | grep -v "^--$" | head -40 ;;

@@ -469,8 +469,10 @@ def train(model, train_tokens: torch.Tensor, periodic_windows: torch.Tensor, arg
             loss_sum.zero_()
             loss_n, t_log = 0, time.perf_counter()
         if (args.eval_every and step % args.eval_every == 0) or done:
+            t_eval = time.perf_counter()
             held = mean_cross_entropy(model, periodic_windows, args.batch_size, device)
             evals.append({"step": step, "heldout_loss": held})
+            t_log += time.perf_counter() - t_eval  # keep evaluation out of the tokens/s figure
             print(f"[eval]  step {step:6d}  held-out loss ({len(periodic_windows)} windows) {held:.4f}", flush=True)
         if time.perf_counter() - t_start > budget and not done:
             stop_reason = "time budget (hard stop)"
