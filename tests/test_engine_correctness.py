@@ -112,3 +112,22 @@ def test_mixed_step_and_short_request_overtakes_long_prefill(tiny_tied_model):
             short_tokens_during_long_prefill += 1
     assert saw_mixed
     assert short_tokens_during_long_prefill >= 5  # the long prompt took several chunked steps
+
+
+def test_short_request_first_token_while_long_prompt_prefills(tiny_tied_model):
+    # the long prompt arrives first; a per-step chunk cap leaves budget for the short one
+    llm = LLM(tiny_tied_model, device="cpu", max_num_batched_tokens=32, long_prefill_threshold=16)
+    long_ids = llm.tokenizer.encode("# " + " ".join(f"token{i}" for i in range(150)))
+    long = llm.add_request(long_ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), stream=True)
+    short = llm.add_request("def f(x):", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), stream=True)
+    first_token_step = {}
+    step = 0
+    while llm.has_unfinished_requests():
+        outputs, stats = llm.step()
+        assert stats.num_prefill_tokens + stats.num_decode_tokens <= 32
+        for o in outputs:
+            first_token_step.setdefault(o.request_id, step)
+        step += 1
+    assert first_token_step[short] == 0  # admitted next to the long prompt's first 16-token chunk
+    assert first_token_step[long] >= len(long_ids) // 16 - 1  # ~len/16 chunked steps
+    assert first_token_step[short] < first_token_step[long]

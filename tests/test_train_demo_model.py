@@ -48,8 +48,16 @@ def trained(tmp_path_factory):
 
 def test_folder_has_all_files(trained):
     out, log = trained
-    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                 "tokenizer_config.json", "README.md", "train_log.json", "loss_curve.png"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "train_log.json",
+        "loss_curve.png",
+    ):
         assert (out / name).is_file(), name
     assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert log["folder_mb"] < 40
@@ -86,7 +94,9 @@ def test_tokenizer_round_trip_and_chat_template(trained):
     assert tok.eos_token == "<|endoftext|>" and tok.bos_token is None
     for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
         assert len(tok(special)["input_ids"]) == 1
-    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
