@@ -30,7 +30,7 @@ class FakeEngine:
         self.tokenizer = None
         self.config = SimpleNamespace(max_model_len=64)
 
-    def add_request(self, prompt, params, request_id=None, stream=False):
+    def add_request(self, prompt, params, request_id=None, stream=False, strict_length=False):
         self.thread_ids.add(threading.get_ident())
         ids = [ord(c) for c in prompt] if isinstance(prompt, str) else list(prompt)
         if not ids:

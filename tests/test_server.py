@@ -191,6 +191,7 @@ def test_client_disconnect_aborts_and_frees_kv_blocks(server):
     ({"model": NAME, "prompt": "x", "temperature": -1}, 400),
     ({"model": NAME, "prompt": "x", "max_tokens": 0}, 400),
     ({"model": NAME, "prompt": "a b " * 600}, 400),
+    ({"model": NAME, "prompt": "x", "max_tokens": 600}, 400),  # prompt + max_tokens > max_model_len (512)
     ({"model": NAME, "prompt": "x", "temperature": "hot"}, 400),
     ({"model": NAME, "prompt": {"x": 1}}, 400),
     ({"model": NAME}, 400),

@@ -105,3 +105,11 @@ def test_scheduler_modules_do_not_import_torch():
     code = ("import sys, minivllm.engine.sequence, minivllm.engine.block_manager, minivllm.engine.scheduler; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_ids_past_the_tokenizer_vocab_decode_to_nothing(llm):
+    n = len(llm.tokenizer)
+    assert llm.config.model_config.vocab_size > n  # the model's vocab is larger, as in Qwen3
+    assert llm.decode([5, n, llm.config.model_config.vocab_size - 1, 6]) == llm.decode([5, 6])
+    out = llm.generate([[5, 6, n + 1]], OK, use_tqdm=False)[0]  # such ids are valid prompt tokens
+    assert len(out["token_ids"]) == 4 and isinstance(out["text"], str)

@@ -111,7 +111,7 @@ class EngineLoop:
                 _, request_id, prompt, params, stream, fut = cmd
                 try:
                     # NOTE: every online request reports each step (metrics, aborts), streamed or not
-                    self.engine.add_request(prompt, params, request_id=request_id, stream=True)
+                    self.engine.add_request(prompt, params, request_id=request_id, stream=True, strict_length=True)
                 except Exception as exc:
                     fut.set_exception(exc)
                     continue

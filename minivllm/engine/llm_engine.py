@@ -90,10 +90,22 @@ class LLMEngine:
             raise ValueError(f"temperature must be >= 0, got {params.temperature}")
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, stream: bool = False) -> str:
-        """Queue a prompt; returns its request id. Raises ValueError (engine unchanged) on bad input."""
+                    request_id: str | None = None, stream: bool = False, strict_length: bool = False) -> str:
+        """Queue a prompt; returns its request id. Raises ValueError (engine unchanged) on bad input.
+
+        ``stream=True`` reports every new token from ``step()`` (offline requests report once, when
+        finished). ``strict_length=True`` (the OpenAI server) also rejects a request whose prompt
+        plus ``max_tokens`` exceeds ``max_model_len``, instead of cutting it at that length.
+        """
         params = sampling_params or SamplingParams()
         text, token_ids = self._tokenize(prompt)
+        if strict_length and params.max_tokens is not None:
+            total, limit = len(token_ids) + params.max_tokens, self.config.max_model_len
+            if total > limit:
+                raise ValueError(
+                    f"This model's maximum context length is {limit} tokens. However, you requested {total} "
+                    f"tokens ({len(token_ids)} in the prompt, {params.max_tokens} in the completion). Please "
+                    f"reduce the length of the prompt or the completion.")
         return self._add(text, token_ids, params, request_id, stream)
 
     def _add(self, text: str | None, token_ids: list[int], params: SamplingParams,
