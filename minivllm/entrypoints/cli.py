@@ -60,6 +60,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 def resolve_model(args: argparse.Namespace) -> str:
     """``args.model`` or DEFAULT_MODEL; exits with a clear message if the folder is missing."""
     model = args.model or DEFAULT_MODEL
+    if args.model is None and getattr(args, "served_model_name", None) is None:
+        args.served_model_name = os.path.basename(DEFAULT_MODEL)  # "minivllm-demo-py", not a path
     if not os.path.isdir(model):
         hint = (" (train the demo model with `python scripts/train_demo_model.py --out models/minivllm-demo-py`,"
                 " or pass a checkpoint folder)" if args.model is None else "")
