@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite and the benchmarks in one call, with a short table printed last.
-#   bash scripts/gpu_check.sh [SECTION ...]      sections: tests bench06 bench8b hf profile sampler kernels serve
+#   bash scripts/gpu_check.sh [SECTION ...]      sections: tests bench06 bench8b hf profile sampler kernels serve tp
 # Results (JSON, logs, plots) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,7 @@ for s in $sections; do
              grep -A12 "^## " "$R/profile.txt" | grep -v "^--$" | head -40 ;;
     sampler) timeout 90 python3 benchmarks/bench_sampler.py > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt" ;;
     kernels) timeout 200 python3 benchmarks/bench_kernels.py > "$R/kernels.txt" 2>&1; tail -25 "$R/kernels.txt" ;;
+    tp) timeout 400 python3 benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-8b --tp 1 2 --json-out "$R/tp_8b.json" 2>&1 | tail -12 ;;
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
     *) echo "unknown section $s" ;;
   esac
