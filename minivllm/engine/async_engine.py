@@ -178,12 +178,13 @@ class AsyncLLM:
         if self.engine is None:
             raise EngineNotReadyError("the engine is still loading")
 
-    async def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                          stream: bool = True) -> RequestStream:
+    async def add_request(self, prompt: str | list[int], params: SamplingParams,
+                          request_id: str | None = None) -> RequestStream:
         """Queue a request; returns its output stream once the engine accepted it.
 
-        Raises ValueError (bad prompt or parameters), EngineNotReadyError or EngineDeadError.
-        ``stream=True`` makes the engine detokenize every step (``delta_text``).
+        Raises ValueError (bad prompt or parameters, or prompt + max_tokens over max_model_len),
+        EngineNotReadyError or EngineDeadError. Every online request reports each step, with its text
+        detokenized incrementally (``delta_text``), whether the client streams or not.
         """
         self.check_usable()
         request_id = request_id or uuid.uuid4().hex
@@ -191,7 +192,7 @@ class AsyncLLM:
             raise ValueError(f"request id {request_id!r} is already in use")
         rs = self._streams[request_id] = RequestStream(self, request_id, params)
         try:
-            await asyncio.wrap_future(self._worker.add(request_id, prompt, params, stream))
+            await asyncio.wrap_future(self._worker.add(request_id, prompt, params))
         except asyncio.CancelledError:
             rs.abort()  # the add may still happen: the abort queued behind it undoes it
             raise

@@ -51,10 +51,10 @@ class EngineLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def add(self, request_id: str, prompt, params, stream: bool) -> concurrent.futures.Future:
+    def add(self, request_id: str, prompt, params) -> concurrent.futures.Future:
         """Queue an ``engine.add_request``; the future gets its result or its ValueError."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("add", request_id, prompt, params, stream, fut))
+        self._commands.put(("add", request_id, prompt, params, fut))
         if self.error is not None:  # the loop is gone: nobody else will answer
             self._fail_commands()
         return fut
@@ -108,7 +108,7 @@ class EngineLoop:
             if cmd[0] == "stop":
                 return None
             if cmd[0] == "add":
-                _, request_id, prompt, params, stream, fut = cmd
+                _, request_id, prompt, params, fut = cmd
                 try:
                     # NOTE: every online request reports each step (metrics, aborts), streamed or not
                     self.engine.add_request(prompt, params, request_id=request_id, stream=True, strict_length=True)

@@ -48,11 +48,11 @@ class OpenAIServing:
             raise ValueError(f"the chat template failed on these messages: {exc}") from exc
         return tok.encode(text, add_special_tokens=False)
 
-    async def _start(self, prompts: list, params, base_id: str, stream: bool) -> list[RequestStream]:
+    async def _start(self, prompts: list, params, base_id: str) -> list[RequestStream]:
         streams: list[RequestStream] = []
         try:
             for i, prompt in enumerate(prompts):
-                streams.append(await self.llm.add_request(prompt, params, f"{base_id}-{i}", stream=stream))
+                streams.append(await self.llm.add_request(prompt, params, f"{base_id}-{i}"))
         except BaseException:
             for s in streams:
                 s.abort()
@@ -71,7 +71,7 @@ class OpenAIServing:
             raise APIError(400, "echo together with logprobs (prompt logprobs) is not supported", param="echo")
         params = req.to_sampling_params(req.max_tokens, req.logprobs)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        streams = await self._start(prompts, params, rid, req.stream)
+        streams = await self._start(prompts, params, rid)
         echo = [(p if isinstance(p, str) else self.llm.decode(p)) if req.echo else "" for p in prompts]
         if req.stream:
             return StreamingResponse(guarded(self._completion_stream(req, rid, streams, echo)),
@@ -140,7 +140,7 @@ class OpenAIServing:
         k = (req.top_logprobs or 0) if req.logprobs else None
         params = req.to_sampling_params(max_tokens, k)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await self._start([ids], params, rid, req.stream)
+        streams = await self._start([ids], params, rid)
         if req.stream:
             return StreamingResponse(guarded(self._chat_stream(req, rid, streams)), media_type="text/event-stream")
         (out,) = await collect(streams, raw)
