@@ -71,3 +71,31 @@ def paged_attention_ref(
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [num_heads, q_len, head_dim]
         out[start:end] = o.transpose(0, 1).to(query.dtype)
     return out
+
+
+def paged_decode_torch(
+    query: torch.Tensor,  # [num_rows, num_heads, head_dim], one query token per row
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    context_lens: list[int],  # [num_rows]
+    block_tables: torch.Tensor,  # [num_rows, max_blocks] int, -1 padded
+    scale: float,
+) -> torch.Tensor:  # [num_rows, num_heads, head_dim]
+    """Decode attention for the whole batch at once (the CPU backend's fast path; same math as
+    ``paged_attention_ref``): gather every row's blocks into one padded tensor, mask past each
+    row's context, one batched softmax in float32."""
+    num_rows, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    max_ctx = max(context_lens)
+    nb = (max_ctx + block_size - 1) // block_size
+    blocks = block_tables[:, :nb].long().clamp_min(0)  # [rows, nb]
+    k = k_cache[blocks].reshape(num_rows, nb * block_size, num_kv_heads, head_dim)[:, :max_ctx]
+    v = v_cache[blocks].reshape(num_rows, nb * block_size, num_kv_heads, head_dim)[:, :max_ctx]
+    group = num_heads // num_kv_heads
+    q = query.float().view(num_rows, num_kv_heads, group, head_dim)  # [rows, kv, g, d]
+    scores = torch.einsum("rkgd,rtkd->rkgt", q, k.float()) * scale  # [rows, kv, g, ctx]
+    lens = torch.tensor(context_lens, device=query.device)
+    mask = torch.arange(max_ctx, device=query.device).unsqueeze(0) < lens.unsqueeze(1)  # [rows, ctx]
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    out = torch.einsum("rkgt,rtkd->rkgd", scores.softmax(-1), v.float())  # [rows, kv, g, d]
+    return out.reshape(num_rows, num_heads, head_dim).to(query.dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.kernels.reference import paged_attention_ref, store_kvcache_ref
+from minivllm.kernels.reference import paged_attention_ref, paged_decode_torch, store_kvcache_ref
 from minivllm.layers.attention_metadata import AttentionMetadata
 
 
@@ -30,5 +30,8 @@ class Attention(nn.Module):
 
             return triton_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
         store_kvcache_ref(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if meta.is_decode and meta.context_lens_cpu:
+            return paged_decode_torch(q, self.k_cache, self.v_cache, meta.context_lens_cpu, meta.block_tables,
+                                      self.scale)
         return paged_attention_ref(q, self.k_cache, self.v_cache, meta.cu_seqlens_q_cpu or meta.cu_seqlens_q,
                                    meta.context_lens_cpu or meta.context_lens, meta.block_tables, self.scale)
