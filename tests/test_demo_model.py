@@ -33,4 +33,4 @@ def test_demo_model_bf16_ties_only_on_cpu():
 def test_demo_model_continues_python():
     llm = LLM(DEMO, device="cpu")
     text = llm.generate(["def fibonacci(n):"], SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)[0]["text"]
-    assert "\n" in text and any(w in text for w in ("return", "if ", "self", "=", "(")), text
+    assert text.startswith("\n    "), text  # the body of the function: a new line, indented
