@@ -158,3 +158,19 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
     for raw, r in zip(rows, cells):
         print("  ".join(c.rjust(w) if isinstance(v, (int, float)) else c.ljust(w)
                         for v, c, w in zip(raw, r, widths)).rstrip())
+
+
+def register(subparsers, name: str, help: str, doc: str, add_arguments, run) -> argparse.ArgumentParser:
+    """Add ``minivllm bench NAME``: its arguments, and ``run`` as the function to call."""
+    p = subparsers.add_parser(name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(bench_func=run)
+    return p
+
+
+def standalone(name: str, doc: str, add_arguments, run, argv: list[str] | None = None) -> dict:
+    """Parse ``argv`` as ``minivllm bench NAME`` would and run it (``python -m ...`` entry points)."""
+    p = argparse.ArgumentParser(prog=f"minivllm bench {name}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))

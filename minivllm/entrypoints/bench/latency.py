@@ -87,18 +87,11 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("latency", help="TTFT / TPOT / end-to-end latency of one batch",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(bench_func=run)
-    return p
+    return common.register(subparsers, "latency", "TTFT / TPOT / end-to-end latency of one batch", __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="minivllm bench latency", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return common.standalone("latency", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -189,18 +189,11 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("serve", help="online serving benchmark against an OpenAI-compatible server",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(bench_func=run)
-    return p
+    return common.register(subparsers, "serve", "online serving benchmark against an OpenAI-compatible server", __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="minivllm bench serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return common.standalone("serve", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

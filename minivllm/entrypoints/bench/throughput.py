@@ -176,18 +176,11 @@ def run(args: argparse.Namespace, llm=None) -> dict:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("throughput", help="offline throughput (nano, fixed-batch, one-request)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(bench_func=run)
-    return p
+    return common.register(subparsers, "throughput", "offline throughput (nano, fixed-batch, one-request)", __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="minivllm bench throughput", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return common.standalone("throughput", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":
