@@ -2,10 +2,13 @@
 
     PYTHONPATH=. python benchmarks/profile_step.py --model benchmarks/configs/qwen3-0.6b
 
-Phases are timed with host clocks around each part of ``LLMEngine.step`` (a CUDA synchronize
-after the device phases, so their time includes the GPU work they launched); kernels come from
-``torch.profiler``. Prints one table per scenario: one request decoding, 256 requests decoding,
-and a prefill-heavy start.
+Phases are timed with host clocks around each part of ``LLMEngine.step``; kernels come from
+``torch.profiler``. Prints one table per scenario: one request decoding, and 256 requests from
+admission. By default the engine runs as configured (asynchronous scheduling on a GPU): the
+host phases then overlap the device, "launch" is the host time to enqueue a step, and "wait for
+tokens" is the time the host idles until the previous step's tokens arrive. ``--sync-phases``
+turns asynchronous scheduling off and synchronizes after the device phases (their time then
+includes the GPU work they launched).
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ _BUILD_STEP_INPUTS = mr.build_step_inputs
 
 
 class PhaseTimer:
-    """Wraps engine methods so each call adds its wall time to a named bucket."""
+    """Wraps methods so each call adds its wall time to a named bucket; ``restore`` undoes it."""
 
     def __init__(self):
         self.total = defaultdict(float)
         self.calls = defaultdict(int)
+        self.originals = []
 
     def wrap(self, obj, name: str, label: str, sync: bool = False):
         fn = getattr(obj, name)
+        self.originals.append((obj, name, obj.__dict__.get(name)))
 
         def timed(*a, **k):
             t = time.perf_counter()
@@ -44,15 +49,25 @@ class PhaseTimer:
 
         setattr(obj, name, timed)
 
+    def restore(self) -> None:
+        for obj, name, original in reversed(self.originals):
+            if original is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, original)
+        self.originals = []
 
-def instrument(llm: LLM) -> PhaseTimer:
+
+def instrument(llm: LLM, sync: bool) -> PhaseTimer:
     pt = PhaseTimer()
     runner = llm.executor.runner
     pt.wrap(llm.scheduler, "schedule", "schedule")
     pt.wrap(mr, "build_step_inputs", "prepare inputs")
-    pt.wrap(runner, "execute", "forward (GPU)", sync=True)
-    pt.wrap(runner, "sample", "sample + copy back", sync=True)
-    pt.wrap(llm.scheduler, "postprocess", "postprocess")
+    pt.wrap(runner, "execute", "forward" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
+    pt.wrap(runner, "_sample", "sample" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
+    pt.wrap(mr.StepHandle, "result", "wait for tokens")
+    pt.wrap(llm.scheduler, "advance", "advance (scheduler)")
+    pt.wrap(llm.scheduler, "resolve", "resolve (scheduler)")
     pt.wrap(llm, "_snapshot", "outputs / detokenize")
     pt.wrap(llm, "step", "whole step")
     return pt
@@ -68,12 +83,12 @@ def report(title: str, pt: PhaseTimer, steps: int) -> None:
     print(f"{'(engine glue)':<24}{1000 * other / steps:>10.3f}{100 * other / whole:>7.1f}%")
 
 
-def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool) -> None:
+def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool, sync: bool) -> None:
     for p, sp in zip(prompts, params):
         llm.add_request(p, sp)
     for _ in range(3):  # admit + prefill outside the decode measurement
         llm.step()
-    pt = instrument(llm)
+    pt = instrument(llm, sync)
     steps = 0
     prof = None
     if profile_kernels:
@@ -87,10 +102,8 @@ def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool) -
     wall = time.perf_counter() - t0
     if prof is not None:
         prof.__exit__(None, None, None)
-    for name in ("schedule", "execute", "sample", "postprocess", "_snapshot", "step"):
-        for obj in (llm.scheduler, llm.executor.runner, llm):
-            obj.__dict__.pop(name, None)
-    mr.build_step_inputs = _BUILD_STEP_INPUTS
+    pt.restore()
+    assert mr.build_step_inputs is _BUILD_STEP_INPUTS
     report(title, pt, steps)
     print(f"wall {1000 * wall / steps:.3f} ms/step")
     if prof is not None:
@@ -111,17 +124,22 @@ def main() -> None:
     ap.add_argument("--load-format", default="dummy")
     ap.add_argument("--device", default=None)
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--sync-phases", action="store_true",
+                    help="asynchronous scheduling off, a synchronize after each device phase")
     args = ap.parse_args()
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.max_model_len,
-              enforce_eager=args.enforce_eager, device=args.device)
+              enforce_eager=args.enforce_eager, device=args.device,
+              **({"async_scheduling": False} if args.sync_phases else {}))
+    print(f"async_scheduling={llm.config.async_scheduling}")
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
     random.seed(0)
     one = [[random.randint(0, min(10000, llm.config.model_config.vocab_size - 1)) for _ in range(128)]]
     run_scenario(llm, one, [SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)],
-                 "one request, decode", not args.no_kernels)
+                 "one request, decode", not args.no_kernels, args.sync_phases)
     batch = [[random.randint(0, min(10000, llm.config.model_config.vocab_size - 1)) for _ in range(random.randint(100, 1024))] for _ in range(256)]
     params = [SamplingParams(temperature=0.6, max_tokens=300, ignore_eos=True) for _ in batch]
-    run_scenario(llm, batch, params, "256 requests (nano-like), from admission", not args.no_kernels)
+    run_scenario(llm, batch, params, "256 requests (nano-like), from admission", not args.no_kernels,
+                 args.sync_phases)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,8 @@ class Config:
     load_format: str = "auto"  # "auto" (safetensors) or "dummy" (random weights)
     attention_backend: str | None = None  # None: "triton" on cuda, "torch" on cpu
     cpu_kvcache_space_gib: float = 2.0  # cap on the CPU KV cache when sizing from memory
+    # Schedule and launch step N+1 before step N's tokens reach the host (None: on GPUs only).
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         mc = self.model_config
@@ -122,6 +124,8 @@ class Config:
             raise ValueError(f"long_prefill_threshold must be >= 0, got {self.long_prefill_threshold}")
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ValueError(f"load_format must be 'auto', 'safetensors' or 'dummy', got {self.load_format!r}")
+        if self.async_scheduling is None:
+            self.async_scheduling = self.device != "cpu"
         if self.attention_backend is None:
             self.attention_backend = "torch" if self.device == "cpu" else "triton"
         if self.attention_backend not in ("torch", "triton"):

@@ -77,5 +77,10 @@ class SamplingParams:
         return self._stop
 
     @property
+    def has_penalties(self) -> bool:
+        """Whether sampling reads the request's token values (repetition / presence / frequency)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0

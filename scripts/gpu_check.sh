@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The GPU suite and the benchmarks in one call, with a short table printed last.
-#   bash scripts/gpu_check.sh [SECTION ...]      sections: tests bench06 bench8b hf profile sampler kernels serve tp
+#   bash scripts/gpu_check.sh [SECTION ...]
+# sections: tests bench06 bench8b ab hf hf8b profile sampler kernels serve serve8b tptests tp tp32
+#   ab: asynchronous scheduling off (0.6B one request x3, nano x1), to compare with bench06
+#   tp / tp32: tp_scaling.py on Qwen3-8B / Qwen3-32B at the sizes in $TP_SIZES (default "1 2")
 # Results (JSON, logs, plots) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,13 +25,20 @@ for s in $sections; do
       for w in nano fixed-batch one-request; do timeout 150 $BENCH --model qwen3-0.6b --workload $w --repeat 3 --json-out "$R/q06_$w.json" 2>&1 | tail -16; done ;;
     bench8b)
       for w in nano one-request; do timeout 200 $BENCH --model qwen3-8b --workload $w --repeat 3 --json-out "$R/q8b_$w.json" 2>&1 | tail -16; done ;;
+    ab)
+      timeout 100 $BENCH --model qwen3-0.6b --workload one-request --repeat 3 --no-async-scheduling --json-out "$R/q06_one-request_sync.json" 2>&1 | tail -8
+      timeout 100 $BENCH --model qwen3-0.6b --workload nano --repeat 1 --no-async-scheduling --json-out "$R/q06_nano_sync.json" 2>&1 | tail -8 ;;
     hf) timeout 150 python3 benchmarks/hf_baseline.py --model qwen3-0.6b --json-out "$R/q06_hf_fixed.json" 2>&1 | tail -8 ;;
+    hf8b) timeout 300 python3 benchmarks/hf_baseline.py --model qwen3-8b --json-out "$R/q8b_hf_fixed.json" 2>&1 | tail -8 ;;
     profile) timeout 200 python3 benchmarks/profile_step.py --model benchmarks/configs/qwen3-0.6b > "$R/profile.txt" 2>&1;
              grep -A12 "^## " "$R/profile.txt" | grep -v "^--$" | head -40 ;;
     sampler) timeout 90 python3 benchmarks/bench_sampler.py > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt" ;;
     kernels) timeout 200 python3 benchmarks/bench_kernels.py > "$R/kernels.txt" 2>&1; tail -25 "$R/kernels.txt" ;;
-    tp) timeout 400 python3 benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-8b --tp 1 2 --json-out "$R/tp_8b.json" 2>&1 | tail -12 ;;
+    tptests) timeout 300 python3 -m pytest -m gpu tests/gpu/test_tp_gpu.py -q -p no:cacheprovider > "$R/tp_tests.log" 2>&1; tail -8 "$R/tp_tests.log" ;;
+    tp) timeout 420 python3 benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-8b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_8b.json" 2>&1 | tail -12 ;;
+    tp32) timeout 540 python3 benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-32b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_32b.json" 2>&1 | tail -12 ;;
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
+    serve8b) timeout 400 bash scripts/serve_bench.sh "$R" qwen3-8b 2>&1 | tail -60 ;;
     *) echo "unknown section $s" ;;
   esac
   save

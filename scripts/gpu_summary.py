@@ -20,7 +20,8 @@ def main(folder: str) -> None:
         ours = r["ms_per_token"] if one else r["output_tok_s"]
         ref = r.get("reference") or {}
         runs = ", ".join(f"{x['ms_per_token' if one else 'output_tok_s']:.2f}" for x in r.get("runs", []))
-        rows.append((f"{r['model_name']} {r['workload']}", r.get("device_name", "?"),
+        sync = " (sync)" if (r.get("engine_args") or {}).get("async_scheduling") is False else ""
+        rows.append((f"{r['model_name']} {r['workload']}{sync}", r.get("device_name", "?"),
                      "ms/token" if one else "output tok/s", ours, ref.get("vllm"), ref.get("target"), runs))
     print("\n== summary ==")
     print(f"{'workload':<28}{'metric':<20}{'ours':>10}{'vLLM':>10}{'target':>10}  runs")

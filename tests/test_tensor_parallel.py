@@ -121,8 +121,9 @@ def test_two_engines_at_once_then_close_leaves_nothing(tp2_tied, tp2_untied):
     assert _our_shm() == []
 
 
-def test_killed_worker_raises_clear_error(tiny_tied_model):
-    llm = LLM(tiny_tied_model, tensor_parallel_size=2, max_model_len=1024, **KW)
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_killed_worker_raises_clear_error(tiny_tied_model, async_scheduling):
+    llm = LLM(tiny_tied_model, tensor_parallel_size=2, max_model_len=1024, async_scheduling=async_scheduling, **KW)
     pid = llm.executor.procs[0].pid
     started = threading.Event()
     killer = threading.Thread(target=lambda: started.wait(30) and (time.sleep(0.02), os.kill(pid, signal.SIGKILL)))

@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import xxhash
 
-from minivllm.engine.sequence import Sequence
+from minivllm.engine.sequence import PLACEHOLDER, Sequence
 
 
 def hash_block(prev_hash: int, token_ids: list[int]) -> int:
@@ -112,7 +112,9 @@ class BlockManager:
         bs = self.block_size
         if not computed_blocks and num_new_tokens == 1:  # decode fast path: nothing to allocate or cache
             end = seq.num_computed_tokens + 1
-            if end <= len(seq.block_table) * bs and (end % bs or not self.enable_prefix_caching):
+            if end <= len(seq.block_table) * bs and (
+                    not self.enable_prefix_caching
+                    or min(end, seq.num_known_tokens) // bs <= seq.num_registered_blocks):
                 return True
         computed_blocks = computed_blocks or []
         if computed_blocks and seq.block_table:
@@ -135,6 +137,7 @@ class BlockManager:
             seq.block_table.append(block_id)
         if computed_blocks:
             seq.num_computed_tokens = seq.num_cached_tokens = num_computed
+            seq.num_registered_blocks = len(computed_blocks)
         for _ in range(num_new_blocks):
             block_id, _ = self.free_queue.popitem(last=False)
             block = self.blocks[block_id]
@@ -145,12 +148,19 @@ class BlockManager:
             block.ref_count = 1
             seq.block_table.append(block_id)
         if self.enable_prefix_caching:
-            self._cache_full_blocks(seq, num_computed // bs, end // bs)
+            self._cache_full_blocks(seq, min(end, seq.num_known_tokens) // bs)
         return True
 
-    def _cache_full_blocks(self, seq: Sequence, start: int, stop: int) -> None:
+    def _cache_full_blocks(self, seq: Sequence, stop: int) -> None:
+        """Offer blocks ``[seq.num_registered_blocks, stop)`` to the prefix cache.
+
+        NOTE: ``stop`` never passes a pending placeholder (asynchronous scheduling): a block
+        whose last token is still on the device is registered by a later allocation.
+        """
+        start = seq.num_registered_blocks
         if stop <= start:
             return
+        seq.num_registered_blocks = stop
         hashes = self.block_hashes(seq, stop)
         bs = self.block_size
         for i in range(start, stop):
@@ -174,6 +184,7 @@ class BlockManager:
                     self.free_queue.move_to_end(block_id, last=False)
         seq.block_table = []
         seq.num_computed_tokens = 0
+        seq.num_registered_blocks = 0
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block's content (used blocks keep theirs until freed)."""
@@ -189,6 +200,7 @@ class BlockManager:
         refs = [0] * len(self.blocks)
         for seq in seqs:
             assert len(set(seq.block_table)) == len(seq.block_table), f"block listed twice in {seq}"
+            assert seq.num_registered_blocks <= len(seq.block_table), f"{seq} registered past its table"
             for b in seq.block_table:
                 refs[b] += 1
         used = cached = free = 0
@@ -200,6 +212,7 @@ class BlockManager:
             if block.hash != -1:
                 assert self.hash_to_block_id.get(block.hash) == block.block_id, f"{block} hash not registered"
                 assert len(block.token_ids) == self.block_size
+                assert PLACEHOLDER not in block.token_ids, f"{block} cached with a pending token"
             if block.ref_count > 0:
                 used += 1
             elif block.hash != -1:

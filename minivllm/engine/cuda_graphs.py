@@ -43,11 +43,15 @@ class DecodeGraphRunner:
         self.block_tables = torch.zeros(bs, mb, dtype=torch.int32, device=dev)
         self.cu_seqlens_q = torch.arange(bs + 1, dtype=torch.int32, device=dev)
         self.outputs = torch.zeros(bs, hidden, dtype=runner.dtype, device=dev)
-        # pinned staging: ids, positions, slots as one int64 array; context lens + tables as int32
-        self.host_i64 = torch.zeros(3, bs, dtype=torch.int64).pin_memory()
-        self.host_ctx = torch.ones(bs, dtype=torch.int32).pin_memory()
-        self.host_bt = torch.zeros(bs, mb, dtype=torch.int32).pin_memory()
-        self.dev_i64 = torch.zeros(3, bs, dtype=torch.int64, device=dev)
+        # pinned staging, two sets used in turn (the host fills one while the device may still be
+        # copying from the other): ids, positions, slots, placeholder index and source as int64;
+        # context lens and block tables as int32. An event per set marks its copies' end.
+        self.host_i64 = torch.zeros(2, 5, bs, dtype=torch.int64).pin_memory()
+        self.host_ctx = torch.ones(2, bs, dtype=torch.int32).pin_memory()
+        self.host_bt = torch.zeros(2, bs, mb, dtype=torch.int32).pin_memory()
+        self.copied: list[torch.cuda.Event | None] = [None, None]
+        self.turn = 0
+        self.dev_i64 = torch.zeros(5, bs, dtype=torch.int64, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._capture()
 
@@ -74,25 +78,37 @@ class DecodeGraphRunner:
     def can_run(self, inp: StepInputs) -> bool:
         return inp.is_decode and inp.num_rows <= self.max_bs and inp.block_tables.shape[1] <= self.max_blocks
 
-    def run(self, inp: StepInputs) -> torch.Tensor:  # -> [num_rows, hidden]
+    def run(self, inp: StepInputs, prev: torch.Tensor | None = None) -> torch.Tensor:  # -> [num_rows, hidden]
+        """Replay for ``inp``; ``prev`` holds the previous step's sampled ids for its placeholders."""
         n = inp.num_rows
         gbs = next(s for s in self.sizes if s >= n)
         width = inp.block_tables.shape[1]
-        h64 = self.host_i64.numpy()
+        k, self.turn = self.turn, self.turn ^ 1
+        if self.copied[k] is not None:
+            self.copied[k].synchronize()  # NOTE: normally long done: it was two steps ago
+        h64 = self.host_i64[k].numpy()
         h64[0, :n], h64[1, :n], h64[2, :n] = inp.input_ids, inp.positions, inp.slot_mapping
         h64[2, n:gbs] = -1
-        ctx = self.host_ctx.numpy()
+        num_ph = 0 if inp.prev_token_index is None else len(inp.prev_token_index)
+        if num_ph:
+            h64[3, :num_ph], h64[4, :num_ph] = inp.prev_token_index, inp.prev_token_src
+        ctx = self.host_ctx[k].numpy()
         ctx[:n] = inp.context_lens
         ctx[n:gbs] = 1
-        bt = self.host_bt.numpy()
+        bt = self.host_bt[k].numpy()
         bt[:n, :width] = inp.block_tables
         bt[n:gbs, 0] = 0
-        self.dev_i64[:, :gbs].copy_(self.host_i64[:, :gbs], non_blocking=True)
+        rows = 5 if num_ph else 3
+        self.dev_i64[:rows, :gbs].copy_(self.host_i64[k, :rows, :gbs], non_blocking=True)
+        self.context_lens[:gbs].copy_(self.host_ctx[k, :gbs], non_blocking=True)
+        self.block_tables[:gbs, :width].copy_(self.host_bt[k, :gbs, :width], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.copied[k] = event
         self.input_ids[:gbs].copy_(self.dev_i64[0, :gbs])
         self.positions[:gbs].copy_(self.dev_i64[1, :gbs])
         self.slot_mapping[:gbs].copy_(self.dev_i64[2, :gbs])
-        self.context_lens[:gbs].copy_(self.host_ctx[:gbs], non_blocking=True)
-        self.block_tables[:gbs, :width].copy_(self.host_bt[:gbs, :width], non_blocking=True)
+        if num_ph:
+            self.input_ids.index_copy_(0, self.dev_i64[3, :num_ph], prev.index_select(0, self.dev_i64[4, :num_ph]))
         self.graphs[gbs].replay()
         return self.outputs[:n]
-

@@ -37,8 +37,12 @@ class UniProcExecutor:
         self.runner = ModelRunner(config, rank=0)
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
 
+    def launch(self, out: SchedulerOutput):
+        """Start one step; returns a handle whose ``result()`` gives its ``SampledTokens``."""
+        return self.runner.launch(out)
+
     def run(self, out: SchedulerOutput) -> SampledTokens:
-        return self.runner.run(out)
+        return self.launch(out).result()
 
     def close(self) -> None:
         self.runner = None

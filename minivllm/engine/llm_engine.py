@@ -56,6 +56,9 @@ class LLMEngine:
             long_prefill_threshold=config.long_prefill_threshold)
         self._requests: dict[str, _Request] = {}
         self._seq_to_request: dict[int, tuple[_Request, int]] = {}
+        # asynchronous scheduling: the launched step whose tokens are not on the host yet
+        self._inflight: tuple[list[Sequence], object] | None = None
+        self._penalized: set[str] = set()  # live requests whose sampling reads their token values
         self._ids = count()
         # NOTE: a finalizer (not atexit.register(self.close)) so a dropped engine can be collected;
         # it also runs at interpreter exit.
@@ -128,11 +131,14 @@ class LLMEngine:
             self.scheduler.add(seq)
             self._seq_to_request[seq.seq_id] = (req, i)
         self._requests[request_id] = req
+        if params.has_penalties:
+            self._penalized.add(request_id)
         return request_id
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks; unknown ids are ignored."""
         req = self._requests.pop(request_id, None)
+        self._penalized.discard(request_id)
         if req is None:
             return
         for i, seq in enumerate(req.seqs):
@@ -153,20 +159,28 @@ class LLMEngine:
         """Schedule, run the model, sample, and update requests.
 
         Returns the outputs of the requests that got tokens this step (``finished`` set on
-        those that ended) and the step's ``StepStats``.
+        those that ended) and the step's ``StepStats``. With ``async_scheduling`` the step
+        launched here reports at the next call: each call launches step N+1 and only then
+        waits for step N's tokens, so the host prepares a step while the device runs one.
         """
         t0 = time.perf_counter()
-        sched = self.scheduler.schedule()
         touched: dict[str, _Request] = {}
+        if self._inflight is not None and self._penalized and any(
+                seq.sampling_params.has_penalties for seq in self.scheduler.running):
+            # NOTE: penalties read the token values: the step in flight reports before scheduling
+            self._resolve(self._inflight, touched)
+            self._inflight = None
+        sched = self.scheduler.schedule()
+        launched = None
         if not sched.is_empty:
-            sampled = self.executor.run(sched)
-            updated = self.scheduler.postprocess(sched, sampled.token_ids)
-            now = time.monotonic()
-            for row, seq in enumerate(updated):
-                req, i = self._seq_to_request[seq.seq_id]
-                self._on_token(req, i, seq, sampled.logprobs_of(row), now)
-                if req.stream or seq.is_finished:  # NOTE: offline requests report only at the end
-                    touched[req.request_id] = req
+            handle = self.executor.launch(sched)
+            launched = (self.scheduler.advance(sched), handle)
+        previous, self._inflight = self._inflight, launched
+        if previous is not None:
+            self._resolve(previous, touched)
+        if not self.config.async_scheduling and launched is not None:
+            self._inflight = None
+            self._resolve(launched, touched)
         outputs = [self._snapshot(req) for req in touched.values()]
         bm = self.block_manager
         stats = StepStats(
@@ -177,9 +191,21 @@ class LLMEngine:
             step_time=time.perf_counter() - t0)
         return outputs, stats
 
-    def _on_token(self, req: _Request, i: int, seq: Sequence, logprobs: dict[int, float] | None, now: float) -> None:
+    def _resolve(self, launched: tuple[list[Sequence], object], touched: dict[str, _Request]) -> None:
+        """Wait for a launched step's tokens, hand them to the scheduler and the requests."""
+        seqs, handle = launched
+        sampled = handle.result()
+        updated = self.scheduler.resolve(seqs, sampled.token_ids)
+        now = time.monotonic()
+        for row, seq in updated:
+            req, i = self._seq_to_request[seq.seq_id]
+            self._on_token(req, i, seq, sampled.token_ids[row], sampled.logprobs_of(row), now)
+            if req.stream or seq.is_finished:  # NOTE: offline requests report only at the end
+                touched[req.request_id] = req
+
+    def _on_token(self, req: _Request, i: int, seq: Sequence, token_id: int, logprobs: dict[int, float] | None,
+                  now: float) -> None:
         out = req.output.outputs[i]
-        token_id = seq.last_token
         if req.output.first_token_time is None:
             req.output.first_token_time = now
             req.output.num_cached_tokens = seq.num_cached_tokens
@@ -223,6 +249,7 @@ class LLMEngine:
         if ro.finished:
             ro.finished_time = time.monotonic()
             self._requests.pop(req.request_id, None)
+            self._penalized.discard(req.request_id)
         return replace(ro, outputs=snaps)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:

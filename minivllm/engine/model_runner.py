@@ -1,8 +1,14 @@
 """ModelRunner: owns the model, the paged KV cache and (on CUDA) the decode CUDA graphs.
 
-``run(scheduler_output)`` builds the flattened batch, runs the forward pass and samples the
-rows whose tokens are all computed. Rank 0 samples; other tensor-parallel ranks only run
-``execute`` on the same ``StepInputs``.
+``launch(scheduler_output)`` builds the flattened batch, runs the forward pass and samples the
+rows whose tokens are all computed, without waiting for the device: it returns a ``StepHandle``
+whose ``result()`` brings the sampled tokens to the host. ``run`` = ``launch(...).result()``.
+Rank 0 samples; other tensor-parallel ranks run ``execute_step`` on the same ``StepInputs``.
+
+NOTE: asynchronous scheduling feeds each step's sampled ids to the next step on the device:
+``prev_sampled`` holds the newest launched step's ``[num_sampled]`` int64 token ids (on every
+rank: rank 0 broadcasts them when tensor parallel), and ``execute`` writes them over the
+placeholders listed in ``StepInputs.prev_token_index``.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ class ModelRunner:
         self.vocab_size = mc.vocab_size
         self.eos_token_ids = list(mc.eos_token_ids)
         self.graph_runner = None
+        self.prev_sampled: torch.Tensor | None = None
+        self.share_sampled = config.tensor_parallel_size > 1 and config.async_scheduling
         self.num_kvcache_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda" and not config.enforce_eager:
             from minivllm.engine.cuda_graphs import DecodeGraphRunner
@@ -171,40 +179,118 @@ class ModelRunner:
             is_fresh_prefill=inp.is_fresh_prefill,
         )
 
+    def _prev_tokens(self, inp: StepInputs) -> torch.Tensor | None:
+        """[num_placeholders] device ids to write at ``inp.prev_token_index`` (None: no placeholders)."""
+        if inp.prev_token_index is None:
+            return None
+        prev = self.prev_sampled
+        if prev is None or int(inp.prev_token_src.max()) >= prev.shape[0]:
+            raise RuntimeError("a step reads sampled tokens that the previous step did not produce")
+        return prev
+
     @torch.inference_mode()
     def execute(self, inp: StepInputs) -> torch.Tensor | None:
         """Forward pass on every rank; returns logits of the sampled rows on rank 0 ([rows, vocab])."""
+        prev = self._prev_tokens(inp)
         if self.graph_runner is not None and self.graph_runner.can_run(inp):
-            hidden = self.graph_runner.run(inp)
+            hidden = self.graph_runner.run(inp, prev)
         else:
             meta = self.attention_metadata(inp)
-            hidden = self.model(self._to_device(inp.input_ids), self._to_device(inp.positions), meta)
+            input_ids = self._to_device(inp.input_ids)  # [num_tokens]
+            if prev is not None:
+                input_ids[self._to_device(inp.prev_token_index)] = prev[self._to_device(inp.prev_token_src)]
+            hidden = self.model(input_ids, self._to_device(inp.positions), meta)
         if len(inp.sample_indices) == 0:
             return None
         hidden = hidden[self._to_device(inp.sample_indices)]  # [rows, hidden]
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
+    def execute_step(self, inp: StepInputs) -> None:
+        """A worker rank's step: the forward, then rank 0's sampled ids when they feed the next step."""
+        self.execute(inp)
+        num_sampled = len(inp.sample_indices)
+        if self.share_sampled:
+            self.prev_sampled = None
+            if num_sampled:
+                self.prev_sampled = torch.empty(num_sampled, dtype=torch.int64, device=self.device)
+                self.tp_group.broadcast(self.prev_sampled, src=0)
+
+    @torch.inference_mode()
     def run(self, out: SchedulerOutput, inp: StepInputs | None = None) -> SampledTokens:
-        """One step: prepare, forward, sample. Returns one token per sampled row (batch order)."""
+        """One step, waiting for its tokens: ``launch(out, inp).result()``."""
+        return self.launch(out, inp).result()
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, inp: StepInputs | None = None) -> StepHandle:
+        """Prepare, forward and sample one step without waiting for the device.
+
+        NOTE: call before the scheduler's ``advance``: the sampled rows are those whose tokens
+        are all computed once this step's ``num_new`` tokens are.
+        """
         inp = inp if inp is not None else build_step_inputs(out, self.block_size)
         logits = self.execute(inp)
+        self.prev_sampled = None
         if logits is None:
-            return SampledTokens([])
-        return self.sample(logits, [seq for seq, n in out.scheduled if seq.num_computed_tokens + n == seq.num_tokens])
+            return StepHandle.ready(SampledTokens([]))
+        seqs = [seq for seq, n in out.scheduled if seq.num_computed_tokens + n == seq.num_tokens]
+        res, want = self._sample(logits, seqs)
+        self.prev_sampled = res.sampled_token_ids
+        if self.share_sampled:
+            self.tp_group.broadcast(res.sampled_token_ids, src=0)
+        return StepHandle(res, want)
 
-    def sample(self, logits: torch.Tensor, seqs: list) -> SampledTokens:
+    def _sample(self, logits: torch.Tensor, seqs: list):
         params = [s.sampling_params for s in seqs]
-        if any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params):
+        if any(p.has_penalties for p in params):
             prompts, outputs = [s.prompt_token_ids for s in seqs], [s.completion_token_ids for s in seqs]
         else:  # NOTE: without penalties only the output lengths are read (seeds, min_tokens): no copies
             prompts, outputs = [()] * len(seqs), [range(s.num_completion_tokens) for s in seqs]
         meta = build_sampling_metadata(params, prompts, outputs, self.eos_token_ids, self.device, self.vocab_size)
-        res = self.sampler(logits, meta)
-        want = [s.sampling_params.logprobs for s in seqs]
-        if res.logprobs is None or all(w is None for w in want):
-            return SampledTokens(res.sampled_token_ids.tolist())
-        return SampledTokens(
-            res.sampled_token_ids.tolist(), res.logprobs.tolist(),
-            res.top_logprobs_ids.tolist() if res.top_logprobs_ids is not None else [[] for _ in seqs],
-            res.top_logprobs.tolist() if res.top_logprobs is not None else [[] for _ in seqs], want)
+        want = [p.logprobs for p in params]
+        return self.sampler(logits, meta), want
+
+
+class StepHandle:
+    """A launched step's sampled tokens on their way to the host; ``result()`` waits for them.
+
+    On CUDA the device-to-host copies go to pinned memory right after the sampler's kernels and
+    a CUDA event marks their end, so the host can launch the next step before waiting.
+    """
+
+    def __init__(self, res, want: list[int | None]):
+        self._done: SampledTokens | None = None
+        self.want = want
+        tensors = [res.sampled_token_ids]
+        self.has_logprobs = res.logprobs is not None and any(w is not None for w in want)
+        if self.has_logprobs:
+            b = len(want)
+            tensors += [res.logprobs,
+                        res.top_logprobs_ids if res.top_logprobs_ids is not None else torch.empty(b, 0),
+                        res.top_logprobs if res.top_logprobs is not None else torch.empty(b, 0)]
+        self.event = None
+        if tensors[0].device.type == "cuda":
+            host = []
+            for t in tensors:
+                h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                h.copy_(t, non_blocking=True)
+                host.append(h)
+            tensors = host
+            self.event = torch.cuda.Event()
+            self.event.record()
+        self.tensors = tensors
+
+    @classmethod
+    def ready(cls, sampled: SampledTokens) -> StepHandle:
+        handle = cls.__new__(cls)
+        handle._done = sampled
+        return handle
+
+    def result(self) -> SampledTokens:
+        if self._done is None:
+            if self.event is not None:
+                self.event.synchronize()
+            lists = [t.tolist() for t in self.tensors]
+            self._done = SampledTokens(*lists, self.want) if self.has_logprobs else SampledTokens(lists[0])
+            self.tensors = None
+        return self._done

@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minivllm.engine.block_manager import BlockManager
-from minivllm.engine.sequence import Sequence, SequenceStatus
+from minivllm.engine.sequence import PLACEHOLDER, Sequence, SequenceStatus
 
 
 @dataclass
@@ -105,6 +105,8 @@ class Scheduler:
                 break
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
+            if seq.num_pending_tokens and self._ends_by_length(seq):
+                continue  # NOTE: its pending token is its last one; computing it would be wasted
             remaining = seq.num_uncomputed_tokens
             num_new = min(remaining, budget, self._chunk_cap())
             while not self.block_manager.allocate_slots(seq, num_new):
@@ -124,6 +126,8 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
+            if seq.num_pending_tokens:  # preempted while its token was in flight: wait for the value
+                break
             computed = self.block_manager.get_computed_blocks(seq)
             remaining = seq.num_tokens - len(computed) * self.block_manager.block_size
             num_new = min(remaining, budget, self._chunk_cap())
@@ -170,45 +174,70 @@ class Scheduler:
 
     # ---------------------------------------------------------- postprocess
     def postprocess(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
-        """Advance computed counts, append one sampled token per completed row, finish stopped ones.
+        """``advance`` then ``resolve`` in one go (synchronous scheduling); returns the updated sequences."""
+        return [seq for _, seq in self.resolve(self.advance(out), sampled_token_ids)]
 
-        ``sampled_token_ids`` has one id per row whose tokens are all computed after this step,
-        in batch order. Returns the sequences that received a token.
+    def advance(self, out: SchedulerOutput) -> list[Sequence]:
+        """Account for a launched step: advance computed counts, append a placeholder per sampled row.
+
+        Returns the sampled sequences in row order (the order of the step's sampled tokens).
         """
-        sampled = iter(sampled_token_ids)
-        updated: list[Sequence] = []
-        any_finished = False
+        sampled: list[Sequence] = []
         for seq, num_new in out.scheduled:
             seq.num_computed_tokens += num_new
-            if seq.num_computed_tokens < seq.num_tokens:
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.append_placeholder(len(sampled))
+                sampled.append(seq)
+        return sampled
+
+    def resolve(self, seqs: list[Sequence], sampled_token_ids: list[int]) -> list[tuple[int, Sequence]]:
+        """Write a step's sampled tokens (row ``i`` -> ``seqs[i]``), finish stopped sequences.
+
+        Rows of sequences that finished meanwhile (a stop found one step earlier, an abort) are
+        dropped. Returns ``(row, sequence)`` for each sequence that received a token.
+        """
+        if len(seqs) != len(sampled_token_ids):
+            raise RuntimeError(f"{len(sampled_token_ids)} sampled tokens for {len(seqs)} sampled rows")
+        updated: list[tuple[int, Sequence]] = []
+        any_finished = False
+        for row, (seq, token_id) in enumerate(zip(seqs, sampled_token_ids)):
+            if seq.status == SequenceStatus.FINISHED:
                 continue
-            token_id = next(sampled)
-            seq.append_token(token_id)
-            updated.append(seq)
+            seq.resolve_token(token_id)
+            updated.append((row, seq))
             reason = self._check_stop(seq, token_id)
             if reason is not None:
+                if seq.status == SequenceStatus.WAITING:  # preempted while its token was in flight
+                    self.waiting.remove(seq)
                 self._finish(seq, reason, stop_reason=token_id if reason == "stop" else None)
                 any_finished = True
-        if next(sampled, None) is not None:
-            raise RuntimeError("more sampled tokens than completed rows")
         if any_finished:
             self.running = [s for s in self.running if s.status == SequenceStatus.RUNNING]
         return updated
 
+    def _ends_by_length(self, seq: Sequence) -> bool:
+        """Whether the sequence, with its pending tokens, has reached max_tokens or max_model_len."""
+        max_tokens = seq.sampling_params.max_tokens
+        return ((max_tokens is not None and seq.num_completion_tokens >= max_tokens)
+                or seq.num_tokens >= self.max_model_len)
+
     def _check_stop(self, seq: Sequence, token_id: int) -> str | None:
+        """Why ``seq`` stops at its newest known token ``token_id`` (None: it goes on)."""
         params = seq.sampling_params
-        if seq.num_completion_tokens >= params.min_tokens:
+        num_completion = seq.num_known_completion_tokens
+        if num_completion >= params.min_tokens:
             if token_id in params.stop_token_ids:
                 return "stop"
             if not params.ignore_eos and token_id in self.eos_token_ids:
                 return "stop"
-        if params.max_tokens is not None and seq.num_completion_tokens >= params.max_tokens:
+        if params.max_tokens is not None and num_completion >= params.max_tokens:
             return "length"
-        if seq.num_tokens >= self.max_model_len:
+        if seq.num_known_tokens >= self.max_model_len:
             return "length"
         return None
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        seq.drop_pending()
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
@@ -229,6 +258,8 @@ class Scheduler:
         assert len(self.running) <= self.max_num_seqs
         for seq in self.running:
             assert seq.status == SequenceStatus.RUNNING
+            assert 0 <= seq.num_pending_tokens <= 2, f"{seq}: {seq.num_pending_tokens} pending tokens"
+            assert all(t == PLACEHOLDER for t in seq.token_ids[seq.num_known_tokens:])
             assert seq.num_computed_tokens <= seq.num_tokens
             bs = self.block_manager.block_size
             assert len(seq.block_table) >= (seq.num_computed_tokens + bs - 1) // bs

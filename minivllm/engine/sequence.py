@@ -7,6 +7,9 @@ from itertools import count
 
 from minivllm.sampling_params import SamplingParams
 
+#: token id of a sampled token whose value is still on the device (asynchronous scheduling)
+PLACEHOLDER = -1
+
 
 class SequenceStatus(Enum):
     WAITING = auto()
@@ -22,6 +25,13 @@ class Sequence:
     tokens at most; once every known token is computed, the row is sampled and a token appended.
     NOTE: the last appended token is never computed before the next step, so a running decode
     sequence always has exactly one uncomputed token.
+
+    With asynchronous scheduling a step's sampled token is appended as a *placeholder*
+    (``PLACEHOLDER``) when the step is launched, and its value written by ``resolve_token``
+    once the step's results reach the host. ``num_pending_tokens`` counts the trailing
+    placeholders (at most two: the step in flight and the one launched after it);
+    ``pending_row`` is the newest one's row in its step's sampled-token tensor, which the
+    next step reads on the device instead of the host value.
     """
 
     _ids = count()
@@ -43,6 +53,9 @@ class Sequence:
         self.num_preemptions = 0
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None
+        self.num_pending_tokens = 0
+        self.pending_row = -1
+        self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -84,5 +97,33 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose values the host knows (all but the pending placeholders)."""
+        return len(self.token_ids) - self.num_pending_tokens
+
+    @property
+    def num_known_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_pending_tokens - self.num_prompt_tokens
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def append_placeholder(self, row: int) -> None:
+        """Append the token that row ``row`` of the step just launched will sample."""
+        self.token_ids.append(PLACEHOLDER)
+        self.num_pending_tokens += 1
+        self.pending_row = row
+
+    def resolve_token(self, token_id: int) -> None:
+        """Write the value of the oldest pending placeholder."""
+        if not self.num_pending_tokens:
+            raise RuntimeError(f"no pending token to resolve in {self}")
+        self.token_ids[len(self.token_ids) - self.num_pending_tokens] = token_id
+        self.num_pending_tokens -= 1
+
+    def drop_pending(self) -> None:
+        """Forget the placeholders (the sequence finished before their steps reported)."""
+        if self.num_pending_tokens:
+            del self.token_ids[len(self.token_ids) - self.num_pending_tokens:]
+            self.num_pending_tokens = 0

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minivllm.engine.scheduler import SchedulerOutput
+from minivllm.engine.sequence import PLACEHOLDER
 
 
 @dataclass
@@ -25,6 +26,10 @@ class StepInputs:
     max_context_len: int
     is_decode: bool
     is_fresh_prefill: bool
+    # NOTE: asynchronous scheduling: input_ids[prev_token_index[i]] is a placeholder whose value
+    # is row prev_token_src[i] of the previous step's sampled-token tensor (on the device).
+    prev_token_index: np.ndarray | None = None  # [num_placeholders] int64
+    prev_token_src: np.ndarray | None = None  # [num_placeholders] int64
 
     @property
     def num_rows(self) -> int:
@@ -40,6 +45,8 @@ def build_step_inputs(out: SchedulerOutput, block_size: int) -> StepInputs:
     cu = [0]
     ctx: list[int] = []
     sample: list[int] = []
+    ph_index: list[int] = []
+    ph_src: list[int] = []
     max_blocks = 0
     fresh = True
     for seq, n in out.scheduled:
@@ -47,10 +54,18 @@ def build_step_inputs(out: SchedulerOutput, block_size: int) -> StepInputs:
         end = start + n
         table = seq.block_table
         if n == 1:
-            input_ids.append(seq.token_ids[start])
+            token = seq.token_ids[start]
+            if token == PLACEHOLDER:
+                if start != seq.num_tokens - 1:
+                    raise RuntimeError(f"only the newest placeholder can be an input: {seq}")
+                ph_index.append(len(input_ids))
+                ph_src.append(seq.pending_row)
+            input_ids.append(token)
             positions.append(start)
             slots.append(table[start // block_size] * block_size + start % block_size)
         else:
+            if end > seq.num_known_tokens:
+                raise RuntimeError(f"a chunk of {n} tokens reaches a pending placeholder: {seq}")
             input_ids.extend(seq.token_ids[start:end])
             pos = np.arange(start, end)
             positions.extend(pos.tolist())
@@ -79,4 +94,6 @@ def build_step_inputs(out: SchedulerOutput, block_size: int) -> StepInputs:
         max_context_len=max(ctx) if ctx else 0,
         is_decode=bool(num_rows) and bool((q_lens == 1).all()),
         is_fresh_prefill=fresh,
+        prev_token_index=np.asarray(ph_index, dtype=np.int64) if ph_index else None,
+        prev_token_src=np.asarray(ph_src, dtype=np.int64) if ph_src else None,
     )

@@ -2,8 +2,8 @@
 
 Rank 0's ModelRunner lives in the engine process; ranks 1..N-1 are spawned workers. Each step
 rank 0 builds the ``StepInputs`` once, pickles ``(command, args)`` into a shared-memory block
-(8-byte length header), signals each worker, and all ranks run ``execute`` in lockstep; rank 0
-then samples. A monitor thread watches the workers' sentinels: if one dies, the others are
+(8-byte length header), signals each worker (which acknowledges once it has read it, so rank 0
+may write the next one), and all ranks run the step in lockstep; rank 0 then samples. A monitor thread watches the workers' sentinels: if one dies, the others are
 killed, an NCCL group is aborted, and the engine raises a clear RuntimeError.
 """
 
@@ -53,7 +53,8 @@ def _watch_parent(parent_pid: int) -> None:
     os._exit(1)
 
 
-def _worker_main(config: Config, rank: int, init_method: str, shm_name: str, wakeup, ready, parent_pid: int) -> None:
+def _worker_main(config: Config, rank: int, init_method: str, shm_name: str, wakeup, ack, ready,
+                 parent_pid: int) -> None:
     """Entry point of rank ``rank`` (>= 1): build a ModelRunner, then run commands until "exit"."""
     if config.device == "cpu":
         torch.set_num_threads(1)
@@ -68,10 +69,9 @@ def _worker_main(config: Config, rank: int, init_method: str, shm_name: str, wak
             while not wakeup.acquire(timeout=_POLL_S):
                 if os.getppid() != parent_pid:
                     return
-            # NOTE: rank 0 only writes the next command after this step's collectives finished on
-            # its side, which needs this rank to have read this one: one signal, one command.
             (n,) = _HEADER.unpack_from(shm.buf, 0)
             method, args = pickle.loads(shm.buf[_HEADER.size:_HEADER.size + n])
+            ack.release()  # NOTE: rank 0 may now write the next command over this one
             if method == "exit":
                 return
             getattr(runner, method)(*args)
@@ -105,11 +105,14 @@ class MultiProcExecutor:
         # NOTE: one semaphore per worker as its "event", not mp.Event: an mp.Event hides a lock,
         # and a worker killed while holding it would block rank 0's next set() forever.
         self.signals = [ctx.Semaphore(0) for _ in range(1, config.tensor_parallel_size)]
+        self.acks = [ctx.Semaphore(0) for _ in self.signals]
+        self._unacked = False  # a command was written that some worker may not have read yet
         readies = [ctx.Semaphore(0) for _ in self.signals]
         try:
-            for rank, (sig, ready) in enumerate(zip(self.signals, readies), 1):
+            for rank, (sig, ack, ready) in enumerate(zip(self.signals, self.acks, readies), 1):
                 p = ctx.Process(target=_worker_main, name=f"minivllm-tp{rank}", daemon=True,
-                                args=(config, rank, self.init_method, self.shm.name, sig, ready, os.getpid()))
+                                args=(config, rank, self.init_method, self.shm.name, sig, ack, ready,
+                                      os.getpid()))
                 p.start()
                 self.procs.append(p)
             self._monitor_thread = threading.Thread(target=self._monitor, name="minivllm-tp-monitor", daemon=True)
@@ -131,15 +134,13 @@ class MultiProcExecutor:
                 raise err from exc
             raise
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
-        # NOTE: rank 0 must not start step N+1 before every worker has read step N's inputs and
-        # its async host-to-device copies (pinned staging buffers) are done. Step N's collectives
-        # finishing on rank 0 guarantees both: gloo blocks the host; with NCCL, sampling syncs,
-        # and a step that samples nothing synchronizes explicitly.
-        self._sync = torch.cuda.synchronize if self.runner.device.type == "cuda" else None
 
     # ------------------------------------------------------------------ steps
-    def run(self, out: SchedulerOutput) -> SampledTokens:
-        """One step on every rank; returns rank 0's sampled tokens. Raises RuntimeError if a worker died."""
+    def launch(self, out: SchedulerOutput) -> _TPStepHandle:
+        """Start one step on every rank; ``result()`` of the handle gives rank 0's sampled tokens.
+
+        Raises RuntimeError (here or from ``result()``) if a worker died.
+        """
         from minivllm.engine.step_inputs import build_step_inputs
 
         self._raise_if_failed()
@@ -148,11 +149,16 @@ class MultiProcExecutor:
         # NOTE: built once; every rank takes the same path (eager or CUDA graph, logits or not)
         # because it depends only on these inputs, so the collectives match across ranks.
         inp = build_step_inputs(out, self.runner.block_size)
-        self._broadcast("execute", inp)
+        self._broadcast("execute_step", inp)
+        return _TPStepHandle(self, self._guard(self.runner.launch, out, inp))
+
+    def run(self, out: SchedulerOutput) -> SampledTokens:
+        return self.launch(out).result()
+
+    def _guard(self, fn, *args):
+        """``fn(*args)`` on rank 0, turning a dead worker or a failed collective into a clear error."""
         try:
-            sampled = self.runner.run(out, inp)
-            if self._sync is not None and len(inp.sample_indices) == 0:
-                self._sync()
+            result = fn(*args)
         except BaseException as exc:
             err = self._dead_worker_error(exc)
             if err is not None:
@@ -163,15 +169,29 @@ class MultiProcExecutor:
                        "the ranks are out of step and the engine cannot continue")
             raise
         self._raise_if_failed()  # an aborted NCCL step may "finish" with garbage
-        return sampled
+        return result
 
-    def _broadcast(self, method: str, *args) -> None:
+    def _wait_acks(self, timeout: float | None = None) -> None:
+        """Wait until every worker has read the last command (raises if one died meanwhile)."""
+        if not self._unacked:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for rank, ack in enumerate(self.acks, 1):
+            while not ack.acquire(timeout=0.1):
+                self._raise_if_failed()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError(f"tensor-parallel worker rank {rank} did not read its command")
+        self._unacked = False
+
+    def _broadcast(self, method: str, *args, timeout: float | None = None) -> None:
+        self._wait_acks(timeout)
         data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         end = _HEADER.size + len(data)
         if end > self.shm.size:
             raise RuntimeError(f"step inputs of {len(data)} bytes exceed the {self.shm.size}-byte shared memory")
         self.shm.buf[_HEADER.size:end] = data
         _HEADER.pack_into(self.shm.buf, 0, len(data))
+        self._unacked = True
         for sig in self.signals:
             sig.release()
 
@@ -227,8 +247,8 @@ class MultiProcExecutor:
         if self._monitor_thread is not None:
             self._monitor_thread.join(15.0)  # NOTE: so the monitor cannot report the exits below
         if self._failure is None and any(p.exitcode is None for p in self.procs):
-            with suppress(ValueError, BufferError):
-                self._broadcast("exit")
+            with suppress(ValueError, BufferError, RuntimeError):
+                self._broadcast("exit", timeout=_EXIT_TIMEOUT_S)
         deadline = time.monotonic() + _EXIT_TIMEOUT_S
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -243,7 +263,18 @@ class MultiProcExecutor:
             self.runner.shutdown()
             self.runner = None
         self._wake_r.close()
+        self.acks = []
         self.signals = []  # NOTE: drops the named semaphores (/dev/shm/sem.mp-*) with the last reference
         self.shm.close()
         with suppress(FileNotFoundError):
             self.shm.unlink()
+
+
+class _TPStepHandle:
+    """Rank 0's step handle, with the executor's dead-worker checks around ``result()``."""
+
+    def __init__(self, executor: MultiProcExecutor, handle):
+        self.executor, self.handle = executor, handle
+
+    def result(self) -> SampledTokens:
+        return self.executor._guard(self.handle.result)

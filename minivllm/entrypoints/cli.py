@@ -36,6 +36,7 @@ BOOL_FLAGS = [
     ("--enforce-eager", "enforce_eager", "no CUDA graphs"),
     ("--enable-prefix-caching", "enable_prefix_caching", "share KV blocks of common prompt prefixes"),
     ("--enable-chunked-prefill", "enable_chunked_prefill", "split long prompts over steps"),
+    ("--async-scheduling", "async_scheduling", "launch step N+1 before step N's tokens reach the host (GPU default)"),
 ]
 
 

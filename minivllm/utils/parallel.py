@@ -59,6 +59,12 @@ class TPGroup:
         opts.reduceOp = _OPS[op]
         self.backend.allreduce([t], opts).wait()
 
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
+        """In place: every rank's ``t`` becomes rank ``src``'s (stream-ordered with NCCL)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self.backend.broadcast([t], opts).wait()
+
     def gather(self, t: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | None:
         """Every rank's ``t`` (same shape everywhere) on rank ``dst``; None on the others."""
         opts = dist.GatherOptions()

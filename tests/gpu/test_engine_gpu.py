@@ -30,6 +30,23 @@ def test_cuda_graphs_equal_eager_float32(tiny_model):
     assert ids(graphs.generate(PROMPTS[:3], GREEDY, use_tqdm=False)) == expected[:3]
 
 
+def test_async_scheduling_equals_sync_float32(tiny_model):
+    """The async lever on and off: the same tokens (greedy, seeded sampling, stop ids), graphs on."""
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=48, gpu_memory_utilization=0.3)
+    sampled = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=32, ignore_eos=True)
+    sync = LLM(tiny_model, async_scheduling=False, **kw)
+    greedy = ids(sync.generate(PROMPTS, GREEDY, use_tqdm=False))
+    stop = [SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[g[5 + i % 20]]) for i, g in enumerate(greedy)]
+    expected = [ids(sync.generate(PROMPTS, p, use_tqdm=False)) for p in (sampled, stop)]
+    sync.close()
+    asyn = LLM(tiny_model, async_scheduling=True, **kw)
+    assert asyn.executor.runner.graph_runner is not None
+    assert ids(asyn.generate(PROMPTS, GREEDY, use_tqdm=False)) == greedy
+    assert [ids(asyn.generate(PROMPTS, p, use_tqdm=False)) for p in (sampled, stop)] == expected
+    assert all(len(t) < 32 for t in expected[1])  # every request stopped early on its stop id
+    assert asyn.block_manager.num_used_blocks == 0
+
+
 def test_gpu_equals_cpu_first_tokens(tiny_model):
     cpu = ids(LLM(tiny_model, device="cpu").generate(PROMPTS[:12], GREEDY, use_tqdm=False))
     gpu = ids(LLM(tiny_model, device="cuda", dtype="float32", gpu_memory_utilization=0.3)

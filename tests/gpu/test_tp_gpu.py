@@ -1,5 +1,10 @@
 """Tensor parallelism on GPUs (NCCL, CUDA graphs on every rank): TP=2 equals TP=1 in float32."""
 
+import os
+import signal
+import threading
+import time
+
 import pytest
 import torch
 
@@ -20,3 +25,25 @@ def test_tp2_equals_tp1_float32(tiny_model, graphs):
     with LLM(tiny_model, tensor_parallel_size=2, **kw) as two:
         got = [o["token_ids"] for o in two.generate(PROMPTS, GREEDY, use_tqdm=False)]
     assert got == expected
+
+
+def test_killed_worker_on_gpu_raises_clear_error(tiny_tied_model):
+    """NCCL: a worker killed mid-generation -> RuntimeError within 30 s (the group is aborted), no hang."""
+    llm = LLM(tiny_tied_model, tensor_parallel_size=2, device="cuda", dtype="float32", gpu_memory_utilization=0.3,
+              max_model_len=1024)
+    assert llm.config.async_scheduling and llm.executor.runner.share_sampled
+    pid = llm.executor.procs[0].pid
+    try:
+        for p in PROMPTS[:4]:
+            llm.add_request(p, SamplingParams(temperature=0, ignore_eos=True, max_tokens=900))
+        for _ in range(3):
+            llm.step()
+        threading.Timer(0.05, os.kill, (pid, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"worker rank 1 died"):
+            while time.monotonic() - t0 < 30:
+                llm.step()
+        assert time.monotonic() - t0 < 30
+    finally:
+        llm.close()
+    assert llm.executor.procs[0].exitcode is not None

@@ -30,6 +30,7 @@ ENGINE_FLAGS = [
     ("--enforce-eager", "enforce_eager", None),
     ("--enable-prefix-caching", "enable_prefix_caching", None),
     ("--enable-chunked-prefill", "enable_chunked_prefill", None),
+    ("--async-scheduling", "async_scheduling", None),
 ]
 
 
