@@ -22,8 +22,9 @@ class DecodeGraphRunner:
     """Captures the model's forward for decode batches and replays it with padded inputs.
 
     Static device buffers hold the inputs; ``run`` copies a step's host arrays into them
-    (from pinned staging buffers, non-blocking), pads rows up to the captured size (slot -1,
-    context length 1 over block 0, harmless), replays, and returns the real rows' hidden states.
+    (from pinned staging buffers, non-blocking), pads rows up to the captured size (token 0,
+    slot -1, context length 1 over block 0, harmless), writes the previous step's sampled ids
+    over placeholders, replays, and returns the real rows' hidden states.
     """
 
     def __init__(self, runner):
@@ -88,6 +89,9 @@ class DecodeGraphRunner:
             self.copied[k].synchronize()  # NOTE: normally long done: it was two steps ago
         h64 = self.host_i64[k].numpy()
         h64[0, :n], h64[1, :n], h64[2, :n] = inp.input_ids, inp.positions, inp.slot_mapping
+        # NOTE: padding rows get token 0 at position 0 and no KV slot; their staging rows may hold
+        # an earlier step's placeholder (-1), which the embedding would reject
+        h64[0:2, n:gbs] = 0
         h64[2, n:gbs] = -1
         num_ph = 0 if inp.prev_token_index is None else len(inp.prev_token_index)
         if num_ph:

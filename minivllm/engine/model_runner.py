@@ -202,7 +202,8 @@ class ModelRunner:
             hidden = self.model(input_ids, self._to_device(inp.positions), meta)
         if len(inp.sample_indices) == 0:
             return None
-        hidden = hidden[self._to_device(inp.sample_indices)]  # [rows, hidden]
+        if len(inp.sample_indices) < hidden.shape[0]:  # NOTE: all rows sampled means indices 0..n-1
+            hidden = hidden[self._to_device(inp.sample_indices)]  # [rows, hidden]
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
