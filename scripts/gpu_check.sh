@@ -13,7 +13,7 @@ mkdir -p "$R"
 sections=${*:-tests bench06 bench8b hf profile}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/device.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$R/device.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$R/device.txt"
+echo "commit ${MINIVLLM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" | tee -a "$R/device.txt"
 BENCH="python3 -m minivllm.entrypoints.bench throughput"  # NOTE: `timeout` cannot run a shell function
 # NOTE: every section has a time limit and the results are archived after each one, so a section
 # that hangs cannot take the others' results with it.

@@ -116,6 +116,9 @@ def device_name(device: str | None = None) -> str:
 
 
 def git_commit() -> str:
+    """The checkout's short commit; ``MINIVLLM_COMMIT`` wins (a copied tree may carry a stale .git)."""
+    if os.environ.get("MINIVLLM_COMMIT"):
+        return os.environ["MINIVLLM_COMMIT"]
     root = Path(__file__).resolve().parents[3]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
