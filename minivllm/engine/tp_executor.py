@@ -59,6 +59,10 @@ def _worker_main(config: Config, rank: int, init_method: str, shm_name: str, wak
     if config.device == "cpu":
         torch.set_num_threads(1)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    if os.environ.get("MINIVLLM_HANG_DUMP_S"):  # debugging: dump this rank's stacks if it stalls
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["MINIVLLM_HANG_DUMP_S"]), repeat=True)
     from minivllm.engine.model_runner import ModelRunner
 
     shm = SharedMemory(name=shm_name)
