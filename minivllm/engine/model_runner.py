@@ -106,7 +106,9 @@ class ModelRunner:
         used_by_others = total - free - torch.cuda.memory_reserved(self.device)
         available = total * cfg.gpu_memory_utilization - used_by_others - peak - (
             torch.cuda.memory_reserved(self.device) - current)
-        return int(available // self._block_bytes())
+        # NOTE: capped at four times what max_num_seqs full-length sequences can hold (the rest could
+        # only keep prefix cache): a tiny model on a large GPU would otherwise get millions of blocks
+        return min(int(available // self._block_bytes()), 4 * cfg.max_num_seqs * blocks_per_seq + 1)
 
     @torch.inference_mode()
     def _warmup(self) -> None:
