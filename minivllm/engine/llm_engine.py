@@ -10,28 +10,15 @@ from itertools import count
 from minivllm.config import Config
 from minivllm.engine.block_manager import BlockManager
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.generate import GenerateMixin
+from minivllm.engine.request_state import RequestState
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import Sequence
-from minivllm.outputs import CompletionOutput, RequestOutput, StepStats
+from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
 
-class _Request:
-    """Engine-side state of one request: its ``n`` sequences, detokenizers and output."""
-
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: SamplingParams, stream: bool):
-        self.request_id = request_id
-        self.params = params
-        self.seqs: list[Sequence] = []
-        self.detoks: list[IncrementalDetokenizer | None] = []
-        self.stream = stream
-        self.output = RequestOutput(request_id, prompt, prompt_token_ids,
-                                    [CompletionOutput(i, logprobs=[] if params.logprobs is not None else None)
-                                     for i in range(params.n)], arrival_time=time.monotonic())
-
-
-class LLMEngine:
+class LLMEngine(GenerateMixin):
     """The offline engine: ``add_request`` / ``step`` / ``is_finished``, and ``generate`` on top."""
 
     def __init__(self, model: str, **kwargs):
@@ -54,8 +41,8 @@ class LLMEngine:
             max_num_partial_prefills=config.max_num_partial_prefills,
             max_long_partial_prefills=config.max_long_partial_prefills,
             long_prefill_threshold=config.long_prefill_threshold)
-        self._requests: dict[str, _Request] = {}
-        self._seq_to_request: dict[int, tuple[_Request, int]] = {}
+        self._requests: dict[str, RequestState] = {}
+        self._seq_to_request: dict[int, tuple[RequestState, int]] = {}
         # asynchronous scheduling: the launched step whose tokens are not on the host yet
         self._inflight: tuple[list[Sequence], object] | None = None
         self._penalized: set[str] = set()  # live requests whose sampling reads their token values
@@ -117,7 +104,7 @@ class LLMEngine:
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        req = _Request(request_id, text, token_ids, params, stream)
+        req = RequestState(request_id, text, token_ids, params, stream)
         for i in range(params.n):
             p = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
             seq = Sequence(token_ids, p, request_id=f"{request_id}-{i}" if params.n > 1 else request_id)
@@ -164,7 +151,7 @@ class LLMEngine:
         waits for step N's tokens, so the host prepares a step while the device runs one.
         """
         t0 = time.perf_counter()
-        touched: dict[str, _Request] = {}
+        touched: dict[str, RequestState] = {}
         if self._inflight is not None and self._penalized and any(
                 seq.sampling_params.has_penalties for seq in self.scheduler.running):
             # NOTE: penalties read the token values: the step in flight reports before scheduling
@@ -191,7 +178,7 @@ class LLMEngine:
             step_time=time.perf_counter() - t0)
         return outputs, stats
 
-    def _resolve(self, launched: tuple[list[Sequence], object], touched: dict[str, _Request]) -> None:
+    def _resolve(self, launched: tuple[list[Sequence], object], touched: dict[str, RequestState]) -> None:
         """Wait for a launched step's tokens, hand them to the scheduler and the requests."""
         seqs, handle = launched
         sampled = handle.result()
@@ -199,109 +186,25 @@ class LLMEngine:
         now = time.monotonic()
         for row, seq in updated:
             req, i = self._seq_to_request[seq.seq_id]
-            self._on_token(req, i, seq, sampled.token_ids[row], sampled.logprobs_of(row), now)
+            req.on_token(i, seq, sampled.token_ids[row], sampled.logprobs_of(row), now, self.scheduler.finish)
             if req.stream or seq.is_finished:  # NOTE: offline requests report only at the end
                 touched[req.request_id] = req
 
-    def _on_token(self, req: _Request, i: int, seq: Sequence, token_id: int, logprobs: dict[int, float] | None,
-                  now: float) -> None:
-        out = req.output.outputs[i]
-        if req.output.first_token_time is None:
-            req.output.first_token_time = now
-            req.output.num_cached_tokens = seq.num_cached_tokens
-        out.delta_token_ids.append(token_id)
-        if logprobs is not None:
-            out.delta_logprobs = (out.delta_logprobs or []) + [logprobs]
-        detok = req.detoks[i]
-        if detok is not None:
-            if seq.is_finished and seq.finish_reason == "stop":
-                out.delta_text += detok.finish()  # a stop token id adds no text (as in vLLM)
-            else:
-                out.delta_text += detok.step([token_id], finished=seq.is_finished)
-                if detok.finished_by_stop and not seq.is_finished:
-                    self.scheduler.finish(seq, "stop", detok.stop_reason)
-        if seq.is_finished:
-            out.finish_reason, out.stop_reason = seq.finish_reason, seq.stop_reason
-
-    def _snapshot(self, req: _Request) -> RequestOutput:
-        """Fold the deltas gathered since the last report into the request's output; return a view.
-
-        NOTE: an unfinished completion's ``token_ids``/``logprobs`` in the returned object are the
-        live lists (they keep growing); finished ones are final. Deltas are per report.
-        """
-        ro = req.output
-        snaps = []
-        for i, out in enumerate(ro.outputs):
-            detok = req.detoks[i]
-            out.token_ids.extend(out.delta_token_ids)
-            if out.delta_logprobs:
-                out.logprobs.extend(out.delta_logprobs)
-            if detok is not None:
-                out.text = detok.output_text
-            elif out.finished and not out.text:
-                out.text = self.decode(out.token_ids, req.params.skip_special_tokens)
-            snaps.append(CompletionOutput(out.index, out.text, out.token_ids, out.finish_reason, out.stop_reason,
-                                          out.logprobs, out.delta_text, out.delta_token_ids, out.delta_logprobs))
-            out.delta_text, out.delta_token_ids, out.delta_logprobs = "", [], None
-            if out.finished:
-                self._seq_to_request.pop(req.seqs[i].seq_id, None)
-        ro.finished = all(o.finished for o in ro.outputs)
-        if ro.finished:
-            ro.finished_time = time.monotonic()
+    def _snapshot(self, req: RequestState) -> RequestOutput:
+        """The request's report for this step; forgets it once every completion has finished."""
+        out, finished_seq_ids = req.snapshot(self.decode)
+        for seq_id in finished_seq_ids:
+            self._seq_to_request.pop(seq_id, None)
+        if out.finished:
             self._requests.pop(req.request_id, None)
             self._penalized.discard(req.request_id)
-        return replace(ro, outputs=snaps)
+        return out
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:
             return ""
         n = len(self.tokenizer)
         return self.tokenizer.decode([t for t in token_ids if t < n], skip_special_tokens=skip_special_tokens)
-
-    # --------------------------------------------------------------- generate
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[dict]:
-        """Generate for a batch; returns ``[{"text", "token_ids", "finish_reason", ...}]`` in prompt order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
-        encoded = [self._tokenize(p) for p in prompts]
-        for (_, ids), sp in zip(encoded, sampling_params):
-            self._validate(ids, sp)
-        ids = [self._add(text, tok, sp) for (text, tok), sp in zip(encoded, sampling_params)]
-        results: dict[str, RequestOutput] = {}
-        pbar = None
-        if use_tqdm:
-            from tqdm.auto import tqdm
-
-            pbar = tqdm(total=len(prompts), desc="Processed prompts", dynamic_ncols=True)
-        rates = _ThroughputMeter()
-        try:
-            pending = set(ids)
-            while pending:
-                outputs, stats = self.step()
-                if pbar is not None:
-                    pbar.set_postfix_str(rates.update(stats), refresh=False)
-                for o in outputs:
-                    if o.finished and o.request_id in pending:
-                        results[o.request_id] = o
-                        pending.discard(o.request_id)
-                        if pbar is not None:
-                            pbar.update(1)
-        except BaseException:
-            for rid in ids:
-                self.abort_request(rid)
-            raise
-        finally:
-            if pbar is not None:
-                pbar.close()
-        return [results[rid].to_dict() for rid in ids]
 
     # -------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -315,23 +218,6 @@ class LLMEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _ThroughputMeter:
-    """Prefill and decode tokens per second over the wall time of the steps that did each."""
-
-    def __init__(self):
-        self.tokens = {"prefill": 0, "decode": 0}
-        self.time = {"prefill": 0.0, "decode": 0.0}
-
-    def update(self, stats: StepStats) -> str:
-        total = stats.num_prefill_tokens + stats.num_decode_tokens
-        for key, n in (("prefill", stats.num_prefill_tokens), ("decode", stats.num_decode_tokens)):
-            if n:  # a mixed step's time is shared in proportion to its tokens
-                self.tokens[key] += n
-                self.time[key] += stats.step_time * n / total
-        rate = {k: self.tokens[k] / self.time[k] if self.time[k] else 0.0 for k in self.tokens}
-        return f"prefill={rate['prefill']:.0f}tok/s, decode={rate['decode']:.0f}tok/s"
 
 
 def _load_tokenizer(path: str):

@@ -1,0 +1,81 @@
+"""RequestState: one request's sequences, detokenizers and the output reported to the caller."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.sequence import Sequence
+from minivllm.outputs import CompletionOutput, RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+
+class RequestState:
+    """Engine-side state of one request: its ``n`` sequences, detokenizers and output.
+
+    ``on_token`` gathers each new token into per-completion deltas; ``snapshot`` folds the deltas
+    into the request's output and returns what the caller sees for this step.
+    """
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams, stream: bool):
+        self.request_id = request_id
+        self.params = params
+        self.seqs: list[Sequence] = []
+        self.detoks: list[IncrementalDetokenizer | None] = []
+        self.stream = stream
+        self.output = RequestOutput(request_id, prompt, prompt_token_ids,
+                                    [CompletionOutput(i, logprobs=[] if params.logprobs is not None else None)
+                                     for i in range(params.n)], arrival_time=time.monotonic())
+
+    def on_token(self, i: int, seq: Sequence, token_id: int, logprobs: dict[int, float] | None, now: float,
+                 finish) -> None:
+        """Completion ``i`` (sequence ``seq``) got ``token_id``; ``finish(seq, "stop", s)`` ends it on a stop string."""
+        out = self.output.outputs[i]
+        if self.output.first_token_time is None:
+            self.output.first_token_time = now
+            self.output.num_cached_tokens = seq.num_cached_tokens
+        out.delta_token_ids.append(token_id)
+        if logprobs is not None:
+            out.delta_logprobs = (out.delta_logprobs or []) + [logprobs]
+        detok = self.detoks[i]
+        if detok is not None:
+            if seq.is_finished and seq.finish_reason == "stop":
+                out.delta_text += detok.finish()  # a stop token id adds no text (as in vLLM)
+            else:
+                out.delta_text += detok.step([token_id], finished=seq.is_finished)
+                if detok.finished_by_stop and not seq.is_finished:
+                    finish(seq, "stop", detok.stop_reason)
+        if seq.is_finished:
+            out.finish_reason, out.stop_reason = seq.finish_reason, seq.stop_reason
+
+    def snapshot(self, decode) -> tuple[RequestOutput, list[int]]:
+        """Fold the deltas gathered since the last report into the output; return a view of it.
+
+        Also returns the seq ids of the completions that have finished. ``decode(ids,
+        skip_special_tokens)`` gives the text of completions that had no detokenizer.
+        NOTE: an unfinished completion's ``token_ids``/``logprobs`` in the returned object are the
+        live lists (they keep growing); finished ones are final. Deltas are per report.
+        """
+        ro = self.output
+        snaps = []
+        finished_seq_ids = []
+        for i, out in enumerate(ro.outputs):
+            detok = self.detoks[i]
+            out.token_ids.extend(out.delta_token_ids)
+            if out.delta_logprobs:
+                out.logprobs.extend(out.delta_logprobs)
+            if detok is not None:
+                out.text = detok.output_text
+            elif out.finished and not out.text:
+                out.text = decode(out.token_ids, self.params.skip_special_tokens)
+            snaps.append(CompletionOutput(out.index, out.text, out.token_ids, out.finish_reason, out.stop_reason,
+                                          out.logprobs, out.delta_text, out.delta_token_ids, out.delta_logprobs))
+            out.delta_text, out.delta_token_ids, out.delta_logprobs = "", [], None
+            if out.finished:
+                finished_seq_ids.append(self.seqs[i].seq_id)
+        ro.finished = all(o.finished for o in ro.outputs)
+        if ro.finished:
+            ro.finished_time = time.monotonic()
+        return replace(ro, outputs=snaps), finished_seq_ids
