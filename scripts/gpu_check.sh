@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite and the benchmarks in one call, with a short table printed last.
 #   bash scripts/gpu_check.sh [SECTION ...]
-# sections: tests bench06 bench8b ab hf hf8b profile sampler kernels serve serve8b tptests tp tp32
+# sections: tests bench06 bench8b ab latency hf hf8b profile profile8b sampler kernels serve serve8b
+#           tptests tpdebug tp tp32
 #   ab: asynchronous scheduling off (0.6B one request x3, nano x1), to compare with bench06
 #   tp / tp32: tp_scaling.py on Qwen3-8B / Qwen3-32B at the sizes in $TP_SIZES (default "1 2")
 # Results (JSON, logs, plots) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
@@ -28,13 +29,20 @@ for s in $sections; do
     ab)
       timeout 100 $BENCH --model qwen3-0.6b --workload one-request --repeat 3 --no-async-scheduling --json-out "$R/q06_one-request_sync.json" 2>&1 | tail -8
       timeout 100 $BENCH --model qwen3-0.6b --workload nano --repeat 1 --no-async-scheduling --json-out "$R/q06_nano_sync.json" 2>&1 | tail -8 ;;
+    latency)
+      for M in qwen3-0.6b qwen3-8b; do timeout 150 python3 -m minivllm.entrypoints.bench latency --model $M --batch-size 8 --input-len 128 --output-len 128 --num-iters 3 --json-out "$R/${M}_latency.json" 2>&1 | tail -12; done ;;
     hf) timeout 150 python3 benchmarks/hf_baseline.py --model qwen3-0.6b --json-out "$R/q06_hf_fixed.json" 2>&1 | tail -8 ;;
     hf8b) timeout 300 python3 benchmarks/hf_baseline.py --model qwen3-8b --json-out "$R/q8b_hf_fixed.json" 2>&1 | tail -8 ;;
     profile) timeout 200 python3 benchmarks/profile_step.py --model benchmarks/configs/qwen3-0.6b > "$R/profile.txt" 2>&1;
              grep -A12 "^## " "$R/profile.txt" | grep -v "^--$" | head -40 ;;
+    profile8b) timeout 240 python3 benchmarks/profile_step.py --model benchmarks/configs/qwen3-8b > "$R/profile_8b.txt" 2>&1;
+               grep -A12 "^## " "$R/profile_8b.txt" | grep -v "^--$" | head -40 ;;
     sampler) timeout 90 python3 benchmarks/bench_sampler.py > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt" ;;
     kernels) timeout 200 python3 benchmarks/bench_kernels.py > "$R/kernels.txt" 2>&1; tail -25 "$R/kernels.txt" ;;
     tptests) timeout 300 python3 -m pytest -m gpu tests/gpu/test_tp_gpu.py -q -p no:cacheprovider > "$R/tp_tests.log" 2>&1; tail -8 "$R/tp_tests.log" ;;
+    tpdebug) MINIVLLM_TP_CUDA_GRAPHS=1 MINIVLLM_HANG_DUMP_S=40 timeout 150 python3 -m pytest -q -p no:cacheprovider -x \
+               tests/gpu/test_tp_gpu.py -k True -o faulthandler_timeout=45 > "$R/tp_debug.log" 2>&1;
+             grep -v "^frame" "$R/tp_debug.log" | tail -80 ;;
     tp) timeout 420 python3 benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-8b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_8b.json" 2>&1 | tail -12 ;;
     tp32) timeout 540 python3 benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-32b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_32b.json" 2>&1 | tail -12 ;;
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
