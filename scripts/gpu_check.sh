@@ -40,7 +40,7 @@ for s in $sections; do
     sampler) timeout 90 python3 benchmarks/bench_sampler.py > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt" ;;
     kernels) timeout 200 python3 benchmarks/bench_kernels.py > "$R/kernels.txt" 2>&1; tail -25 "$R/kernels.txt" ;;
     tptests) timeout 300 python3 -m pytest -m gpu tests/gpu/test_tp_gpu.py -q -p no:cacheprovider > "$R/tp_tests.log" 2>&1; tail -8 "$R/tp_tests.log" ;;
-    tpdebug) MINIVLLM_TP_CUDA_GRAPHS=1 MINIVLLM_HANG_DUMP_S=40 timeout 150 python3 -m pytest -q -p no:cacheprovider -x \
+    tpdebug) NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL TORCH_CPP_LOG_LEVEL=INFO MINIVLLM_TP_CUDA_GRAPHS=1 MINIVLLM_HANG_DUMP_S=40 timeout 150 python3 -m pytest -q -p no:cacheprovider -x \
                tests/gpu/test_tp_gpu.py -k True -o faulthandler_timeout=45 > "$R/tp_debug.log" 2>&1;
              grep -v "^frame" "$R/tp_debug.log" | tail -80 ;;
     tp) timeout 420 python3 benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-8b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_8b.json" 2>&1 | tail -12 ;;

@@ -96,6 +96,10 @@ class MultiProcExecutor:
 
         self.config = config
         self.runner = None
+        if os.environ.get("MINIVLLM_HANG_DUMP_S"):  # debugging: dump rank 0's stacks if it stalls
+            import faulthandler
+
+            faulthandler.dump_traceback_later(float(os.environ["MINIVLLM_HANG_DUMP_S"]), repeat=True)
         self.procs: list = []
         self._failure: str | None = None
         self._failed = threading.Event()

@@ -27,6 +27,20 @@ _current: TPGroup | None = None
 _live: weakref.WeakValueDictionary[str, TPGroup] = weakref.WeakValueDictionary()
 
 
+def _options(cls):
+    """Collective options with ``asyncOp=False``, as ``dist.all_reduce(..., async_op=False)`` sets.
+
+    NOTE: calling a backend directly defaults to ``asyncOp=True``, which (NCCL) runs the collective
+    on an internal side stream with events, ``Work`` objects and the watchdog; ``False`` launches it
+    on the current stream, the path graph capture is known to work with (nano-vLLM's). Whether this
+    cures the TP + CUDA graphs stall is not yet checked on GPUs.
+    """
+    opts = cls()
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = False
+    return opts
+
+
 class TPGroup:
     """This rank's handle on one engine's tensor-parallel group (rendezvous at ``tcp://host:port``)."""
 
@@ -55,19 +69,19 @@ class TPGroup:
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> None:
         """In place, over all ranks (contiguous ``t``; fine inside a CUDA graph capture with NCCL)."""
-        opts = dist.AllreduceOptions()
+        opts = _options(dist.AllreduceOptions)
         opts.reduceOp = _OPS[op]
         self.backend.allreduce([t], opts).wait()
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
         """In place: every rank's ``t`` becomes rank ``src``'s (stream-ordered with NCCL)."""
-        opts = dist.BroadcastOptions()
+        opts = _options(dist.BroadcastOptions)
         opts.rootRank = src
         self.backend.broadcast([t], opts).wait()
 
     def gather(self, t: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | None:
         """Every rank's ``t`` (same shape everywhere) on rank ``dst``; None on the others."""
-        opts = dist.GatherOptions()
+        opts = _options(dist.GatherOptions)
         opts.rootRank = dst
         parts = [torch.empty_like(t) for _ in range(self.size)] if self.rank == dst else None
         self.backend.gather([parts] if parts is not None else [], [t], opts).wait()
