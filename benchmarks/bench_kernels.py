@@ -49,12 +49,8 @@ def main() -> int:
 
     import triton.testing
 
-    from minivllm.kernels.paged_attention import (
-        choose_num_splits,
-        num_sms,
-        paged_attention,
-        paged_decode_split_kv,
-    )
+    from minivllm.kernels.paged_attention import paged_attention
+    from minivllm.kernels.paged_decode import choose_num_splits, num_sms, paged_decode_split_kv
     from minivllm.kernels.reference import paged_attention_ref
 
     num_heads, num_kv_heads, head_dim = args.heads

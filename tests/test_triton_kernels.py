@@ -16,12 +16,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from minivllm.kernels.paged_attention import (  # noqa: E402
-    choose_num_splits,
-    paged_attention,
-    paged_decode,
-    paged_decode_split_kv,
-)
+from minivllm.kernels.paged_attention import paged_attention  # noqa: E402
+from minivllm.kernels.paged_decode import choose_num_splits, paged_decode, paged_decode_split_kv  # noqa: E402
 from minivllm.kernels.reference import paged_attention_ref, store_kvcache_ref  # noqa: E402
 from minivllm.kernels.store_kvcache import store_kvcache  # noqa: E402
 

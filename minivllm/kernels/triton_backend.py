@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.kernels.paged_attention import paged_attention, paged_decode
+from minivllm.kernels.paged_attention import paged_attention
+from minivllm.kernels.paged_decode import paged_decode
 from minivllm.kernels.store_kvcache import store_kvcache
 from minivllm.layers.attention_metadata import AttentionMetadata
 

@@ -19,11 +19,8 @@ pytestmark = [
 ]
 
 if torch.cuda.is_available():
-    from minivllm.kernels.paged_attention import (
-        paged_attention,
-        paged_decode,
-        paged_decode_split_kv,
-    )
+    from minivllm.kernels.paged_attention import paged_attention
+    from minivllm.kernels.paged_decode import paged_decode, paged_decode_split_kv
     from minivllm.kernels.reference import paged_attention_ref, store_kvcache_ref
     from minivllm.kernels.store_kvcache import store_kvcache
 
