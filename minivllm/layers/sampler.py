@@ -33,6 +33,10 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
    generator, seeded from ``(seed, len(output_b))``, so the token depends only on the request
    (never on the batch it is in or on preemption / recompute); the other rows share one batch
    generator (``metadata.generator``, default: torch's global RNG of that device).
+   **Fused path** (``Sampler(fused=...)``, default on CUDA) for batches without top-k / top-p /
+   min-p: steps 5 and 9 become one Triton pass, ``token = argmax(l / T + G)`` with Gumbel noise
+   ``G = -log(-log U)`` from Philox keyed by the row's seed (the same distribution, other draws;
+   seeded rows use the key ``(seed, len(output_b))``, others a key from the batch generator).
 
 Logprobs are ``log_softmax`` of the RAW logits (before 1-8) at the sampled token, and the top
 ``max_num_logprobs`` alternatives of that same distribution, sorted descending.
@@ -103,6 +107,7 @@ class SamplingMetadata:
     min_tokens_cols: torch.Tensor | None = None  # [M] int64
     # --- randomness ---
     seeded: list[tuple[int, torch.Generator]] = field(default_factory=list)  # (row, generator)
+    seeded_keys: list[tuple[int, int]] = field(default_factory=list)  # (row, 63-bit key of seed and step)
     generator: torch.Generator | None = None  # shared by the unseeded rows
 
 
@@ -117,8 +122,12 @@ def _mix_seed(seed: int, step: int) -> int:
 
 def request_generator(seed: int, num_generated: int, device: torch.device | str) -> torch.Generator:
     """The generator a seeded request uses for its token number ``num_generated`` (0-based)."""
+    return _generator(_mix_seed(seed, num_generated), device)
+
+
+def _generator(key: int, device: torch.device | str) -> torch.Generator:
     g = torch.Generator(device=device)
-    g.manual_seed(_mix_seed(seed, num_generated))
+    g.manual_seed(key)
     return g
 
 
@@ -251,11 +260,12 @@ def build_sampling_metadata(
         md.min_tokens_cols = _to_device(cols, torch.int64, device)
 
     if not all_greedy:
-        md.seeded = [
-            (i, request_generator(p.seed, len(out), device))
+        md.seeded_keys = [
+            (i, _mix_seed(p.seed, len(out)))
             for i, (p, out, g) in enumerate(zip(params, output_token_ids, greedy, strict=True))
             if p.seed is not None and not g
         ]
+        md.seeded = [(i, _generator(key, device)) for i, key in md.seeded_keys]
         md.any_seeded = bool(md.seeded)
     return md
 
@@ -331,8 +341,27 @@ def _exponential_race(probs: torch.Tensor, md: SamplingMetadata) -> torch.Tensor
     return probs.div_(noise).argmax(dim=-1)
 
 
+def _gumbel_seeds(md: SamplingMetadata, device: torch.device) -> torch.Tensor:
+    """[B] int64 Philox keys: random for unseeded rows (from the batch generator), the request's own otherwise."""
+    seeds = torch.randint(0, 2**62, (md.batch_size,), dtype=torch.int64, device=device, generator=md.generator)
+    if md.seeded_keys:
+        rows, keys = zip(*md.seeded_keys)
+        seeds[_to_device(list(rows), torch.int64, device)] = _to_device(list(keys), torch.int64, device)
+    return seeds
+
+
 class Sampler(nn.Module):
-    """``forward(logits [B, V], metadata) -> SamplerOutput``; no host synchronization inside."""
+    """``forward(logits [B, V], metadata) -> SamplerOutput``; no host synchronization inside.
+
+    ``fused`` (default: on CUDA) samples rows that need no top-k / top-p / min-p filter with one
+    Triton Gumbel-max pass (``minivllm.kernels.gumbel_sample``) instead of softmax + exponential
+    race: the same distribution, other random draws (seeded rows stay reproducible and
+    independent of their batch, with keys from ``(seed, step)``).
+    """
+
+    def __init__(self, fused: bool | None = None):
+        super().__init__()
+        self.fused = fused
 
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != md.batch_size:
@@ -341,8 +370,10 @@ class Sampler(nn.Module):
             raise ValueError("metadata vocab_size does not match the logits width")
 
         modifies = md.min_tokens_rows is not None or not md.no_penalties
-        if md.all_greedy and not modifies:
-            x = logits  # argmax only: no copy, no softmax, no sort
+        fused = ((self.fused if self.fused is not None else logits.is_cuda) and not md.all_greedy
+                 and md.no_top_k and md.no_top_p and md.no_min_p)
+        if (md.all_greedy or fused) and not modifies:
+            x = logits  # argmax, or the fused pass that reads the logits once: no copy
         else:
             x = logits.to(torch.float32, copy=True)  # `logits` itself stays raw for the logprobs
             x = apply_min_tokens(x, md)
@@ -352,12 +383,17 @@ class Sampler(nn.Module):
             sampled = torch.argmax(x, dim=-1)
         else:
             greedy = torch.argmax(x, dim=-1) if md.greedy_mask is not None else None
-            if md.temperature is not None:
-                x.div_(md.temperature.unsqueeze(1))
-            x = apply_top_k_top_p(x, md)
-            x = apply_min_p(x, md)
-            probs = torch.softmax(x, dim=-1)
-            sampled = _exponential_race(probs, md)
+            if fused:
+                from minivllm.kernels.gumbel_sample import gumbel_sample
+
+                sampled = gumbel_sample(x, _gumbel_seeds(md, x.device), md.temperature)
+            else:
+                if md.temperature is not None:
+                    x.div_(md.temperature.unsqueeze(1))
+                x = apply_top_k_top_p(x, md)
+                x = apply_min_p(x, md)
+                probs = torch.softmax(x, dim=-1)
+                sampled = _exponential_race(probs, md)
             if greedy is not None:
                 sampled = torch.where(md.greedy_mask, greedy, sampled)
 

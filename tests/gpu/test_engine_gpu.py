@@ -34,15 +34,16 @@ def test_async_scheduling_equals_sync_float32(tiny_model):
     """The async lever on and off: the same tokens (greedy, seeded sampling, stop ids), graphs on."""
     kw = dict(device="cuda", dtype="float32", max_num_seqs=48, gpu_memory_utilization=0.3)
     sampled = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=32, ignore_eos=True)
+    fused = SamplingParams(temperature=0.8, seed=9, max_tokens=32, ignore_eos=True)  # the Gumbel-max kernel
     sync = LLM(tiny_model, async_scheduling=False, **kw)
     greedy = ids(sync.generate(PROMPTS, GREEDY, use_tqdm=False))
     stop = [SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[g[5 + i % 20]]) for i, g in enumerate(greedy)]
-    expected = [ids(sync.generate(PROMPTS, p, use_tqdm=False)) for p in (sampled, stop)]
+    expected = [ids(sync.generate(PROMPTS, p, use_tqdm=False)) for p in (sampled, stop, fused)]
     sync.close()
     asyn = LLM(tiny_model, async_scheduling=True, **kw)
     assert asyn.executor.runner.graph_runner is not None
     assert ids(asyn.generate(PROMPTS, GREEDY, use_tqdm=False)) == greedy
-    assert [ids(asyn.generate(PROMPTS, p, use_tqdm=False)) for p in (sampled, stop)] == expected
+    assert [ids(asyn.generate(PROMPTS, p, use_tqdm=False)) for p in (sampled, stop, fused)] == expected
     assert all(len(t) < 32 for t in expected[1])  # every request stopped early on its stop id
     assert asyn.block_manager.num_used_blocks == 0
 

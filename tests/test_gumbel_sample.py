@@ -1,0 +1,66 @@
+"""The fused Gumbel-max sampler (Triton, run by the interpreter on CPU): distribution, seeds, greedy rows."""
+
+import pytest
+import torch
+
+from minivllm.kernels.gumbel_sample import gumbel_sample
+from minivllm.layers.sampler import Sampler, build_sampling_metadata
+from minivllm.sampling_params import SamplingParams
+
+V = 8
+
+
+def tv(tokens: torch.Tensor, p: torch.Tensor) -> float:
+    freq = torch.bincount(tokens, minlength=p.numel()).double() / tokens.numel()
+    return 0.5 * float((freq - p).abs().sum())
+
+
+def test_draws_follow_softmax_over_temperature():
+    logits = torch.tensor([2.0, 1.5, 0.3, -0.5, 1.0, -2.0, 0.8, 0.0])
+    n = 1500
+    seeds = torch.arange(n, dtype=torch.int64) * 1_000_003 + 17
+    tokens = gumbel_sample(logits.repeat(n, 1), seeds, torch.full((n,), 0.7))
+    p = torch.softmax(logits.double() / 0.7, 0)
+    assert tv(tokens, p) < 0.05  # sampling noise at n = 1500 is about 0.02
+    assert tv(tokens, torch.softmax(logits.double() / 1.5, 0)) > 0.1  # the test tells temperatures apart
+    assert set(tokens.tolist()) >= {0, 1, 4}  # not an argmax in disguise
+
+
+def test_a_seed_gives_the_same_token_in_any_batch():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 64)
+    seeds = torch.tensor([11, 22, 33, 44, 55], dtype=torch.int64)
+    t = torch.full((5,), 1.0)
+    alone = gumbel_sample(logits, seeds, t)
+    order = torch.tensor([3, 0, 4, 1, 2])
+    shuffled = gumbel_sample(logits[order].contiguous(), seeds[order], t)
+    assert shuffled.tolist() == alone[order].tolist()
+    other = gumbel_sample(logits, seeds + 1, t)
+    assert other.tolist() != alone.tolist()  # (5 rows of 64 tokens: equal by chance ~never)
+
+
+def test_zero_temperature_is_argmax_lowest_id_on_ties():
+    logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, -1.0, 5.0, 0.0]])
+    out = gumbel_sample(logits, torch.tensor([1, 2], dtype=torch.int64), torch.zeros(2))
+    assert out.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampler_fused_path_keeps_greedy_rows_seeds_and_min_tokens(dtype):
+    torch.manual_seed(1)
+    logits = (torch.randn(4, 40) * 3).to(dtype)
+    logits[:, 7] = 20.0  # token 7 (EOS here) dominates unless banned
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.9, seed=5),
+              SamplingParams(temperature=0.9, min_tokens=3), SamplingParams(temperature=0.9, seed=6)]
+    outputs = [[], [1, 2], [1], []]
+    md = build_sampling_metadata(params, [[]] * 4, outputs, [7], "cpu", 40)
+    fused = Sampler(fused=True)(logits, md).sampled_token_ids
+    assert fused[0].item() == int(torch.argmax(logits[0].float()))  # greedy row
+    assert fused[2].item() != 7  # min_tokens bans EOS before the 3rd token
+    # a seeded row draws the same token alone
+    md1 = build_sampling_metadata(params[1:2], [[]], outputs[1:2], [7], "cpu", 40)
+    assert Sampler(fused=True)(logits[1:2], md1).sampled_token_ids.item() == fused[1].item()
+    # filters the fused pass cannot do fall back to the torch path
+    md_top_p = build_sampling_metadata([SamplingParams(temperature=0.9, top_p=0.5, seed=5)], [[]], [[]], [7], "cpu", 40)
+    assert Sampler(fused=True)(logits[1:2], md_top_p).sampled_token_ids.item() == \
+        Sampler(fused=False)(logits[1:2], md_top_p).sampled_token_ids.item()
