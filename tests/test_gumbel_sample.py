@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from minivllm.kernels.gumbel_sample import gumbel_sample
-from minivllm.layers.sampler import Sampler, build_sampling_metadata
+from minivllm.layers.sampler import Sampler
+from minivllm.layers.sampling_metadata import build_sampling_metadata
 from minivllm.sampling_params import SamplingParams
 
 V = 8

@@ -8,12 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivllm.layers.sampler import (
-    Sampler,
-    apply_penalties,
-    build_sampling_metadata,
-    filtered_probs,
-)
+from minivllm.layers.sampler import Sampler, apply_penalties, filtered_probs
+from minivllm.layers.sampling_metadata import build_sampling_metadata
 from minivllm.sampling_params import SamplingParams
 
 V = 50

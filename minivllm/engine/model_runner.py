@@ -25,7 +25,8 @@ from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.step_inputs import StepInputs, build_step_inputs
 from minivllm.layers.attention import Attention
 from minivllm.layers.attention_metadata import AttentionMetadata
-from minivllm.layers.sampler import Sampler, build_sampling_metadata
+from minivllm.layers.sampler import Sampler
+from minivllm.layers.sampling_metadata import build_sampling_metadata
 from minivllm.models.loader import init_dummy_weights, load_weights
 from minivllm.models.registry import get_model_class
 from minivllm.utils.parallel import TPGroup, tp_group_context
