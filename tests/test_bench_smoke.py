@@ -100,10 +100,12 @@ def test_throughput_real_checkpoint_repeat(tiny_tied_model, capsys):
 def test_latency(tiny_tied_model, tmp_path, capsys):
     out = tmp_path / "l.json"
     res = latency.main(["--model", tiny_tied_model, "--batch-size", "3", "--input-len", "10", "--output-len", "5",
-                        "--num-iters", "2", "--num-iters-warmup", "1", "--json-out", str(out), *TINY])
+                        "--num-iters", "2", "--num-iters-warmup", "1", "--json-out", str(out), *TINY,
+                        "--async-scheduling"])  # the GPU default: tokens reach the host a step late
     text = capsys.readouterr().out
     assert "== latency results ==" in text and "TTFT (ms)" in text and "TPOT (ms)" in text
     saved = json.loads(out.read_text())
+    assert saved["engine_args"]["async_scheduling"] is True
     for key in ("ttft_ms", "tpot_ms", "itl_ms"):
         _positive(saved[key], "mean", "median", "p99")
     _positive(res["e2e_latency_s"], "median", "p99")
