@@ -62,8 +62,14 @@ def plot_throughput(results: list[dict], out: Path, plt) -> bool:
     ax.set_xlabel("batch size (requests)")
     ax.set_ylabel("output tokens / s")
     ax.set_title("Throughput vs batch size")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    return _finish(fig, [ax], out, plt)
+
+
+def _finish(fig, axes, out: Path, plt) -> bool:
+    """Grid and legend on each axis, then write the PNG and free the figure."""
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -91,12 +97,7 @@ def plot_latency(results: list[dict], out: Path, plt) -> bool:
             not math.isfinite(float(r["request_rate"])) for rs in series.values() for r in rs) else ""))
         ax.set_ylabel(name)
         ax.set_title(f"{name} vs request rate")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return True
+    return _finish(fig, axes, out, plt)
 
 
 def main(argv: list[str] | None = None) -> list[str]:

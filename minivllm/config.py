@@ -126,6 +126,8 @@ class Config:
             raise ValueError(f"load_format must be 'auto', 'safetensors' or 'dummy', got {self.load_format!r}")
         if self.async_scheduling is None:
             self.async_scheduling = self.device != "cpu"
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be True, False or None, got {self.async_scheduling!r}")
         if self.attention_backend is None:
             self.attention_backend = "torch" if self.device == "cpu" else "triton"
         if self.attention_backend not in ("torch", "triton"):

@@ -65,3 +65,14 @@ def test_sampler_fused_path_keeps_greedy_rows_seeds_and_min_tokens(dtype):
     md_top_p = build_sampling_metadata([SamplingParams(temperature=0.9, top_p=0.5, seed=5)], [[]], [[]], [7], "cpu", 40)
     assert Sampler(fused=True)(logits[1:2], md_top_p).sampled_token_ids.item() == \
         Sampler(fused=False)(logits[1:2], md_top_p).sampled_token_ids.item()
+
+
+def test_bad_inputs_raise_clear_errors():
+    logits = torch.zeros(3, 8)
+    with pytest.raises(ValueError, match="one seed per row"):
+        gumbel_sample(logits, torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="one seed per row"):
+        gumbel_sample(logits, torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"\[B, V\] tensor"):
+        gumbel_sample(torch.zeros(8), torch.zeros(8, dtype=torch.int64))
+    assert gumbel_sample(torch.zeros(0, 8), torch.zeros(0, dtype=torch.int64)).shape == (0,)

@@ -70,11 +70,20 @@ def test_unknown_engine_argument_is_a_type_error(tiny_tied_model):
     (dict(dtype="int8"), "dtype"),
     (dict(tensor_parallel_size=3), "divisible"),
     (dict(num_kvcache_blocks=0), "num_kvcache_blocks"),
+    (dict(async_scheduling="yes"), "async_scheduling must be True, False or None"),
 ])
 def test_config_validation(kwargs, match):
     mc = ModelConfig("Qwen3ForCausalLM", 100, 64, 128, 2, 4, 2, 16, max_position_embeddings=1024)
     with pytest.raises(ValueError, match=match):
         Config(model="x", model_config=mc, **{"device": "cpu", **kwargs})
+
+
+@pytest.mark.parametrize("device, expected", [("cpu", False), ("cuda", True)])
+def test_async_scheduling_defaults_to_on_with_a_gpu(device, expected):
+    mc = ModelConfig("Qwen3ForCausalLM", 100, 64, 128, 2, 4, 2, 16, max_position_embeddings=1024)
+    assert Config(model="x", model_config=mc, device=device).async_scheduling is expected
+    assert Config(model="x", model_config=mc, device=device, async_scheduling=not expected).async_scheduling is (
+        not expected)
 
 
 def test_cache_smaller_than_one_sequence_is_rejected(tiny_tied_model):

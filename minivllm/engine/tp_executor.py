@@ -53,16 +53,21 @@ def _watch_parent(parent_pid: int) -> None:
     os._exit(1)
 
 
+def _dump_stacks_if_stalled() -> None:
+    """Debugging aid: with ``MINIVLLM_HANG_DUMP_S=N``, print this process's stacks every N seconds."""
+    if os.environ.get("MINIVLLM_HANG_DUMP_S"):
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["MINIVLLM_HANG_DUMP_S"]), repeat=True)
+
+
 def _worker_main(config: Config, rank: int, init_method: str, shm_name: str, wakeup, ack, ready,
                  parent_pid: int) -> None:
     """Entry point of rank ``rank`` (>= 1): build a ModelRunner, then run commands until "exit"."""
     if config.device == "cpu":
         torch.set_num_threads(1)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    if os.environ.get("MINIVLLM_HANG_DUMP_S"):  # debugging: dump this rank's stacks if it stalls
-        import faulthandler
-
-        faulthandler.dump_traceback_later(float(os.environ["MINIVLLM_HANG_DUMP_S"]), repeat=True)
+    _dump_stacks_if_stalled()
     from minivllm.engine.model_runner import ModelRunner
 
     shm = SharedMemory(name=shm_name)
@@ -96,10 +101,7 @@ class MultiProcExecutor:
 
         self.config = config
         self.runner = None
-        if os.environ.get("MINIVLLM_HANG_DUMP_S"):  # debugging: dump rank 0's stacks if it stalls
-            import faulthandler
-
-            faulthandler.dump_traceback_later(float(os.environ["MINIVLLM_HANG_DUMP_S"]), repeat=True)
+        _dump_stacks_if_stalled()
         self.procs: list = []
         self._failure: str | None = None
         self._failed = threading.Event()

@@ -21,41 +21,10 @@ if torch.cuda.is_available():
     from minivllm.layers.layernorm import RMSNorm
     from minivllm.layers.rotary import RotaryEmbedding
 
+from kernel_checks import ROPE_FMA_FRAC, check, close_to_layer  # noqa: E402
+
 DEV, EPS = "cuda", 1e-6
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    assert torch.isfinite(out).all(), "non-finite output"
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-ROPE_FMA_FRAC = 0.4  # see close_to_layer
-
-
-def check(out, layer_out, ref32, dtype, max_frac=0.05):
-    """out: kernel; layer_out: torch layer in ``dtype``; ref32: torch layer in float32."""
-    assert out.dtype == dtype and out.shape == ref32.shape
-    if dtype == torch.float32:
-        torch.testing.assert_close(out, ref32, rtol=1e-5, atol=1e-5)
-        return
-    err, layer_err = rel_err(out, ref32), rel_err(layer_out, ref32)
-    assert err < 1e-2, f"relative error {err:.2e} vs float32"
-    assert err <= 1.5 * layer_err + 1e-3, f"kernel {err:.2e} much worse than the torch layer {layer_err:.2e}"
-    close_to_layer(out, layer_out, dtype, max_frac)
-
-
-def close_to_layer(out, layer_out, dtype, max_frac=0.05):
-    """Same op-by-op rounding as the torch layer: equal up to 1-ulp flips (at most ``max_frac`` of elements).
-
-    NOTE: rotary's ``q*cos + rot(q)*sin`` is contracted to an FMA on the GPU (one rounding instead
-    of torch's two), so about 20% of its elements differ by 1 ulp; its accuracy against float32 is
-    still checked to be as good as the torch layer's.
-    """
-    ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}[dtype]
-    torch.testing.assert_close(out, layer_out, rtol=ulp, atol=ulp * layer_out.abs().max().item())
-    assert (out != layer_out).float().mean().item() < max_frac, "too many elements differ from the torch layer"
 
 
 def norm_layers(d, dtype, seed):
