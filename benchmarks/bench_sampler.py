@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--fused", action="store_true", help="the Triton Gumbel-max pass for filter-free rows")
     args = ap.parse_args()
 
     device = torch.device(args.device)
@@ -77,7 +78,8 @@ def main() -> None:
     prompts = torch.randint(0, V, (B, args.prompt_len), generator=rng).tolist()
     outputs = torch.randint(0, V, (B, args.output_len), generator=rng).tolist()
     eos = [151645, 151643]
-    sampler = Sampler()
+    sampler = Sampler(fused=args.fused)
+    print(f"fused sampler: {args.fused}")
 
     def sync():
         if cuda:

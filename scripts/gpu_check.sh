@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite and the benchmarks in one call, with a short table printed last.
 #   bash scripts/gpu_check.sh [SECTION ...]
-# sections: tests bench06 bench8b ab latency hf hf8b profile profile8b sampler kernels serve serve8b
+# sections: tests bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
 #           tptests tpdebug tp tp32
 #   ab: asynchronous scheduling off (0.6B one request x3, nano x1), to compare with bench06
 #   tp / tp32: tp_scaling.py on Qwen3-8B / Qwen3-32B at the sizes in $TP_SIZES (default "1 2")
@@ -37,7 +37,9 @@ for s in $sections; do
              grep -A12 "^## " "$R/profile.txt" | grep -v "^--$" | head -40 ;;
     profile8b) timeout 240 python3 benchmarks/profile_step.py --model benchmarks/configs/qwen3-8b > "$R/profile_8b.txt" 2>&1;
                grep -A12 "^## " "$R/profile_8b.txt" | grep -v "^--$" | head -40 ;;
-    sampler) timeout 90 python3 benchmarks/bench_sampler.py > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt" ;;
+    sampler) timeout 90 python3 benchmarks/bench_sampler.py > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt"
+             timeout 90 python3 benchmarks/bench_sampler.py --fused > "$R/sampler_fused.txt" 2>&1; tail -12 "$R/sampler_fused.txt" ;;
+    fusedab) MINIVLLM_FUSED_SAMPLER=1 timeout 150 $BENCH --model qwen3-0.6b --workload nano --repeat 3 --json-out "$R/q06_nano_fused.json" 2>&1 | tail -8 ;;
     kernels) timeout 200 python3 benchmarks/bench_kernels.py > "$R/kernels.txt" 2>&1; tail -25 "$R/kernels.txt" ;;
     tptests) timeout 300 python3 -m pytest -m gpu tests/gpu/test_tp_gpu.py -q -p no:cacheprovider > "$R/tp_tests.log" 2>&1; tail -8 "$R/tp_tests.log" ;;
     tpdebug) NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL TORCH_CPP_LOG_LEVEL=INFO MINIVLLM_TP_CUDA_GRAPHS=1 MINIVLLM_HANG_DUMP_S=40 timeout 150 python3 -m pytest -q -p no:cacheprovider -x \

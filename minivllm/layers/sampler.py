@@ -33,7 +33,8 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
    generator, seeded from ``(seed, len(output_b))``, so the token depends only on the request
    (never on the batch it is in or on preemption / recompute); the other rows share one batch
    generator (``metadata.generator``, default: torch's global RNG of that device).
-   **Fused path** (``Sampler(fused=...)``, default on CUDA) for batches without top-k / top-p /
+   **Fused path** (``Sampler(fused=True)``, or ``MINIVLLM_FUSED_SAMPLER=1`` on CUDA; off by default
+   until it has been compiled and timed on a GPU) for batches without top-k / top-p /
    min-p: steps 5 and 9 become one Triton pass, ``token = argmax(l / T + G)`` with Gumbel noise
    ``G = -log(-log U)`` from Philox keyed by the row's seed (the same distribution, other draws;
    seeded rows use the key ``(seed, len(output_b))``, others a key from the batch generator).
@@ -45,6 +46,7 @@ Logprobs are ``log_softmax`` of the RAW logits (before 1-8) at the sampled token
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,7 +152,7 @@ def _gumbel_seeds(md: SamplingMetadata, device: torch.device) -> torch.Tensor:
 class Sampler(nn.Module):
     """``forward(logits [B, V], metadata) -> SamplerOutput``; no host synchronization inside.
 
-    ``fused`` (default: on CUDA) samples rows that need no top-k / top-p / min-p filter with one
+    ``fused`` (default: ``MINIVLLM_FUSED_SAMPLER=1`` and CUDA logits) samples rows that need no top-k / top-p / min-p filter with one
     Triton Gumbel-max pass (``minivllm.kernels.gumbel_sample``) instead of softmax + exponential
     race: the same distribution, other random draws (seeded rows stay reproducible and
     independent of their batch, with keys from ``(seed, step)``).
@@ -167,7 +169,8 @@ class Sampler(nn.Module):
             raise ValueError("metadata vocab_size does not match the logits width")
 
         modifies = md.min_tokens_rows is not None or not md.no_penalties
-        fused = ((self.fused if self.fused is not None else logits.is_cuda) and not md.all_greedy
+        default = logits.is_cuda and os.environ.get("MINIVLLM_FUSED_SAMPLER") == "1"
+        fused = ((self.fused if self.fused is not None else default) and not md.all_greedy
                  and md.no_top_k and md.no_top_p and md.no_min_p)
         if (md.all_greedy or fused) and not modifies:
             x = logits  # argmax, or the fused pass that reads the logits once: no copy

@@ -34,7 +34,7 @@ def test_async_scheduling_equals_sync_float32(tiny_model):
     """The async lever on and off: the same tokens (greedy, seeded sampling, stop ids), graphs on."""
     kw = dict(device="cuda", dtype="float32", max_num_seqs=48, gpu_memory_utilization=0.3)
     sampled = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=32, ignore_eos=True)
-    fused = SamplingParams(temperature=0.8, seed=9, max_tokens=32, ignore_eos=True)  # the Gumbel-max kernel
+    fused = SamplingParams(temperature=0.8, seed=9, max_tokens=32, ignore_eos=True)  # no filters (Gumbel-max if on)
     sync = LLM(tiny_model, async_scheduling=False, **kw)
     greedy = ids(sync.generate(PROMPTS, GREEDY, use_tqdm=False))
     stop = [SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[g[5 + i % 20]]) for i, g in enumerate(greedy)]
