@@ -84,7 +84,10 @@ def run_subprocess(args: argparse.Namespace, tp: int) -> dict:
            "--latency-input-len", str(args.latency_input_len), "--latency-output-len", str(args.latency_output_len)]
     cmd += [f for f, v in (("--enforce-eager", args.enforce_eager),) if v]
     cmd += [x for k in ("device", "dtype") if getattr(args, k) for x in (f"--{k}", getattr(args, k))]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ), timeout=args.size_timeout)
+    except subprocess.TimeoutExpired:
+        return {"tp": tp, "error": f"no result within {args.size_timeout:.0f} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"tp": tp, "error": f"exit code {proc.returncode}"}
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--device", default=None, help="default: cuda if available")
     p.add_argument("--dtype", default=None, help="default: the config's")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--size-timeout", type=float, default=None, help="seconds allowed per TP size (default: none)")
     p.add_argument("--json-out", default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -129,6 +133,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for tp in args.tp:
         print(f"TP={tp} ...", flush=True)
         rows.append(run_subprocess(args, tp))
+        print(json.dumps(rows[-1]), flush=True)
     print(f"\n{args.model}: {args.num_seqs} requests (throughput), "
           f"{args.latency_input_len} -> {args.latency_output_len} tokens (latency)")
     print(table(rows))

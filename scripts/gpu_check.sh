@@ -5,6 +5,7 @@
 #           tptests tpdebug tp tp32
 #   ab: asynchronous scheduling off (0.6B one request x3, nano x1), to compare with bench06
 #   tp / tp32: tp_scaling.py on Qwen3-8B / Qwen3-32B at the sizes in $TP_SIZES (default "1 2")
+#   tpdebug: the ctypes NCCL communicator's test, then the TP GPU tests (set MINIVLLM_TP_COMM to choose)
 # Results (JSON, logs, plots) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,11 +43,11 @@ for s in $sections; do
     fusedab) MINIVLLM_FUSED_SAMPLER=1 timeout 150 $BENCH --model qwen3-0.6b --workload nano --repeat 3 --json-out "$R/q06_nano_fused.json" 2>&1 | tail -8 ;;
     kernels) timeout 200 python3 benchmarks/bench_kernels.py > "$R/kernels.txt" 2>&1; tail -25 "$R/kernels.txt" ;;
     tptests) timeout 300 python3 -m pytest -m gpu tests/gpu/test_tp_gpu.py -q -p no:cacheprovider > "$R/tp_tests.log" 2>&1; tail -8 "$R/tp_tests.log" ;;
-    tpdebug) NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL TORCH_CPP_LOG_LEVEL=INFO MINIVLLM_TP_CUDA_GRAPHS=1 MINIVLLM_HANG_DUMP_S=40 timeout 150 python3 -m pytest -q -p no:cacheprovider -x \
-               tests/gpu/test_tp_gpu.py -k True -o faulthandler_timeout=45 > "$R/tp_debug.log" 2>&1;
-             grep -v "^frame" "$R/tp_debug.log" | tail -80 ;;
-    tp) timeout 420 python3 benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-8b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_8b.json" 2>&1 | tail -12 ;;
-    tp32) timeout 540 python3 benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-32b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_32b.json" 2>&1 | tail -12 ;;
+    tpdebug) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pynccl_gpu.py > "$R/pynccl.log" 2>&1; tail -5 "$R/pynccl.log"
+             MINIVLLM_HANG_DUMP_S=60 timeout 300 python3 -m pytest -q -p no:cacheprovider -rA tests/gpu/test_tp_gpu.py \
+               -o faulthandler_timeout=90 > "$R/tp_debug.log" 2>&1; grep -v "^frame" "$R/tp_debug.log" | tail -40 ;;
+    tp) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 240 --model benchmarks/configs/qwen3-8b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_8b.json" 2>&1 | tail -12 ;;
+    tp32) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 270 --model benchmarks/configs/qwen3-32b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_32b.json" 2>&1 | tail -12 ;;
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
     serve8b) timeout 400 bash scripts/serve_bench.sh "$R" qwen3-8b 2>&1 | tail -60 ;;
     *) echo "unknown section $s" ;;

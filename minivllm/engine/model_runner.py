@@ -29,7 +29,7 @@ from minivllm.layers.sampler import Sampler
 from minivllm.layers.sampling_metadata import build_sampling_metadata
 from minivllm.models.loader import init_dummy_weights, load_weights
 from minivllm.models.registry import get_model_class
-from minivllm.utils.parallel import TPGroup, tp_group_context
+from minivllm.utils.parallel import TPGroup, tp_cuda_graphs_enabled, tp_group_context
 
 logger = logging.getLogger(__name__)
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -81,15 +81,12 @@ class ModelRunner:
             self.graph_runner = DecodeGraphRunner(self)
 
     def _graphs_allowed(self) -> bool:
-        """CUDA graphs with tensor parallelism did not finish on 2 H200s (2026-11-22): eager until fixed.
-
-        NOTE: ``MINIVLLM_TP_CUDA_GRAPHS=1`` captures them anyway (to debug the NCCL-in-graph path).
-        """
-        if self.config.tensor_parallel_size == 1 or os.environ.get("MINIVLLM_TP_CUDA_GRAPHS") == "1":
+        """CUDA graphs with tensor parallelism only where ``tp_cuda_graphs_enabled()`` says (see there)."""
+        if self.config.tensor_parallel_size == 1 or tp_cuda_graphs_enabled():
             return True
         if self.rank == 0:
-            logger.warning("tensor_parallel_size > 1: CUDA graphs are off (known issue with NCCL in graphs); "
-                           "steps run eagerly")
+            logger.warning("tensor_parallel_size > 1 with c10d NCCL: CUDA graphs are off (stalled on GPUs); "
+                           "steps run eagerly (MINIVLLM_TP_COMM=pynccl captures them)")
         return False
 
     def shutdown(self) -> None:

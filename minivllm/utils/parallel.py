@@ -27,6 +27,26 @@ _current: TPGroup | None = None
 _live: weakref.WeakValueDictionary[str, TPGroup] = weakref.WeakValueDictionary()
 
 
+def nccl_comm_kind() -> str:
+    """Which NCCL path GPU groups use: ``pynccl`` (ctypes, current stream) or ``c10d`` (ProcessGroupNCCL).
+
+    ``MINIVLLM_TP_COMM`` picks one; c10d stays the default until pynccl has run on GPUs.
+    """
+    kind = os.environ.get("MINIVLLM_TP_COMM", "c10d")
+    if kind not in ("pynccl", "c10d"):
+        raise ValueError(f"MINIVLLM_TP_COMM must be 'pynccl' or 'c10d', not {kind!r}")
+    return kind
+
+
+def tp_cuda_graphs_enabled() -> bool:
+    """CUDA graphs with tensor parallelism: on with the pynccl path, off with c10d (stalled on 2 H200s).
+
+    ``MINIVLLM_TP_CUDA_GRAPHS=1`` / ``0`` forces them on / off (to debug the NCCL-in-graph path).
+    """
+    forced = os.environ.get("MINIVLLM_TP_CUDA_GRAPHS")
+    return forced == "1" if forced in ("0", "1") else nccl_comm_kind() == "pynccl"
+
+
 def _options(cls):
     """Collective options with ``asyncOp=False``, as ``dist.all_reduce(..., async_op=False)`` sets.
 
@@ -54,7 +74,13 @@ class TPGroup:
         self.is_nccl = device.type == "cuda"
         self.store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0, timeout=timeout)
         store = dist.PrefixStore("minivllm_tp/", self.store)
-        if self.is_nccl:
+        self.comm = None  # a pynccl communicator replaces the c10d backend's collectives on CUDA
+        if self.is_nccl and nccl_comm_kind() == "pynccl":
+            from minivllm.utils.pynccl import NcclCommunicator
+
+            self.backend = None
+            self.comm = NcclCommunicator(store, rank, world_size, device)
+        elif self.is_nccl:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             self.backend = dist.ProcessGroupNCCL(store, rank, world_size, opts)
@@ -69,18 +95,24 @@ class TPGroup:
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> None:
         """In place, over all ranks (contiguous ``t``; fine inside a CUDA graph capture with NCCL)."""
+        if self.comm is not None:
+            return self.comm.all_reduce(t, op)
         opts = _options(dist.AllreduceOptions)
         opts.reduceOp = _OPS[op]
         self.backend.allreduce([t], opts).wait()
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
         """In place: every rank's ``t`` becomes rank ``src``'s (stream-ordered with NCCL)."""
+        if self.comm is not None:
+            return self.comm.broadcast(t, src)
         opts = _options(dist.BroadcastOptions)
         opts.rootRank = src
         self.backend.broadcast([t], opts).wait()
 
     def gather(self, t: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | None:
         """Every rank's ``t`` (same shape everywhere) on rank ``dst``; None on the others."""
+        if self.comm is not None:
+            return self.comm.gather(t, dst)
         opts = _options(dist.GatherOptions)
         opts.rootRank = dst
         parts = [torch.empty_like(t) for _ in range(self.size)] if self.rank == dst else None
@@ -93,7 +125,9 @@ class TPGroup:
         NOTE: gloo needs nothing: a dead peer closes its sockets and the pending collective
         raises. NCCL kernels would spin until the timeout instead.
         """
-        if self.is_nccl:
+        if self.comm is not None:
+            self.comm.abort()
+        elif self.is_nccl:
             try:
                 self.backend.abort()
             except Exception:  # noqa: BLE001 - best effort: the caller reports the dead worker anyway
@@ -102,6 +136,12 @@ class TPGroup:
     def shutdown(self) -> None:
         """Release the backend. NOTE: a broken gloo backend left to the interpreter's exit aborts the process."""
         _live.pop(self.address, None)
+        comm, self.comm = getattr(self, "comm", None), None
+        if comm is not None:
+            try:
+                comm.destroy()
+            except Exception:  # noqa: BLE001 - a broken device or peer: the process is going away anyway
+                pass
         backend, self.backend, self.store = getattr(self, "backend", None), None, None
         if backend is not None:
             try:
