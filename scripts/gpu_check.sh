@@ -3,6 +3,7 @@
 #   bash scripts/gpu_check.sh [SECTION ...]
 # sections: tests bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
 #           tptests tpdebug tp tp32
+#   fusedab: the fused sampler off (nano x3), to compare with bench06
 #   ab: asynchronous scheduling off (0.6B one request x3, nano x1), to compare with bench06
 #   tp / tp32: tp_scaling.py on Qwen3-8B / Qwen3-32B at the sizes in $TP_SIZES (default "1 2")
 #   tpdebug: the ctypes NCCL communicator's test, then the TP GPU tests (set MINIVLLM_TP_COMM to choose)
@@ -40,7 +41,7 @@ for s in $sections; do
                grep -A12 "^## " "$R/profile_8b.txt" | grep -v "^--$" | head -40 ;;
     sampler) timeout 90 python3 benchmarks/bench_sampler.py > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt"
              timeout 90 python3 benchmarks/bench_sampler.py --fused > "$R/sampler_fused.txt" 2>&1; tail -12 "$R/sampler_fused.txt" ;;
-    fusedab) MINIVLLM_FUSED_SAMPLER=1 timeout 150 $BENCH --model qwen3-0.6b --workload nano --repeat 3 --json-out "$R/q06_nano_fused.json" 2>&1 | tail -8 ;;
+    fusedab) MINIVLLM_FUSED_SAMPLER=0 timeout 150 $BENCH --model qwen3-0.6b --workload nano --repeat 3 --json-out "$R/q06_nano_unfused.json" 2>&1 | tail -8 ;;
     kernels) timeout 200 python3 benchmarks/bench_kernels.py > "$R/kernels.txt" 2>&1; tail -25 "$R/kernels.txt" ;;
     tptests) timeout 300 python3 -m pytest -m gpu tests/gpu/test_tp_gpu.py -q -p no:cacheprovider > "$R/tp_tests.log" 2>&1; tail -8 "$R/tp_tests.log" ;;
     tpdebug) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pynccl_gpu.py > "$R/pynccl.log" 2>&1; tail -5 "$R/pynccl.log"
