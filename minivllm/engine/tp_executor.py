@@ -14,6 +14,7 @@ import os
 import pickle
 import socket
 import struct
+import sys
 import threading
 import time
 import uuid
@@ -87,6 +88,11 @@ def _worker_main(config: Config, rank: int, init_method: str, shm_name: str, wak
     finally:
         runner.shutdown()
         shm.close()
+    # NOTE: a clean exit skips the interpreter's teardown of CUDA and NCCL state, which can stall
+    # (the engine would then wait its exit timeout and terminate the worker)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class MultiProcExecutor:

@@ -75,11 +75,13 @@ class TPGroup:
         self.store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0, timeout=timeout)
         store = dist.PrefixStore("minivllm_tp/", self.store)
         self.comm = None  # a pynccl communicator replaces the c10d backend's collectives on CUDA
+        self.backend = None
+        self.aborted = False
+        _live[init_method] = self  # NOTE: before the NCCL init, so abort_group can end rank 0's wait for peers
         if self.is_nccl and nccl_comm_kind() == "pynccl":
             from minivllm.utils.pynccl import NcclCommunicator
 
-            self.backend = None
-            self.comm = NcclCommunicator(store, rank, world_size, device)
+            self.comm = NcclCommunicator(store, rank, world_size, device, stop=lambda: self.aborted)
         elif self.is_nccl:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
@@ -91,7 +93,6 @@ class TPGroup:
                     getattr(self.backend, name)(*args)
         else:
             self.backend = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-        _live[init_method] = self
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> None:
         """In place, over all ranks (contiguous ``t``; fine inside a CUDA graph capture with NCCL)."""
@@ -125,9 +126,10 @@ class TPGroup:
         NOTE: gloo needs nothing: a dead peer closes its sockets and the pending collective
         raises. NCCL kernels would spin until the timeout instead.
         """
+        self.aborted = True
         if self.comm is not None:
             self.comm.abort()
-        elif self.is_nccl:
+        elif self.is_nccl and self.backend is not None:
             try:
                 self.backend.abort()
             except Exception:  # noqa: BLE001 - best effort: the caller reports the dead worker anyway
@@ -138,10 +140,7 @@ class TPGroup:
         _live.pop(self.address, None)
         comm, self.comm = getattr(self, "comm", None), None
         if comm is not None:
-            try:
-                comm.destroy()
-            except Exception:  # noqa: BLE001 - a broken device or peer: the process is going away anyway
-                pass
+            comm.abort()
         backend, self.backend, self.store = getattr(self, "backend", None), None, None
         if backend is not None:
             try:

@@ -75,18 +75,26 @@ def nccl_version() -> int:
 
 
 class NcclCommunicator:
-    """One rank's NCCL communicator; the unique id travels through ``store`` (a c10d Store)."""
+    """One rank's NCCL communicator; the unique id travels through ``store`` (a c10d Store).
 
-    def __init__(self, store, rank: int, world_size: int, device: torch.device):
+    ``stop()`` returning True ends rank 0's wait for the other ranks (one of them died).
+    """
+
+    def __init__(self, store, rank: int, world_size: int, device: torch.device, stop=lambda: False):
         self.lib = load_library()
         self.rank, self.size, self.device = rank, world_size, device
+        # NOTE: ncclCommInitRank blocks with no timeout until every rank calls it, and nothing can
+        # abort it: a store barrier (which has a timeout) first makes sure every rank got this far
+        store.add("pynccl_arrived", 1)
         uid = UniqueId()
         if rank == 0:
+            _wait_count(store, "pynccl_arrived", world_size, stop)
             _check(self.lib, self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
             store.set("pynccl_unique_id", bytes(uid.internal))
         else:
             ctypes.memmove(uid.internal, store.get("pynccl_unique_id"), 128)
         self.comm = _P()
+        self.alive = True
         with torch.cuda.device(device):
             _check(self.lib, self.lib.ncclCommInitRank(ctypes.byref(self.comm), world_size, uid, rank),
                    "ncclCommInitRank")
@@ -96,9 +104,10 @@ class NcclCommunicator:
             torch.cuda.synchronize(device)
         if int(warm.item()) != world_size:
             raise RuntimeError(f"NCCL warm-up all-reduce gave {warm.item()}, expected {world_size}")
-        self.alive = True
 
     def _stream(self) -> ctypes.c_void_p:
+        if not self.alive:
+            raise RuntimeError("the NCCL communicator was aborted (a tensor-parallel peer failed)")
         return _P(torch.cuda.current_stream(self.device).cuda_stream)
 
     @staticmethod
@@ -138,14 +147,26 @@ class NcclCommunicator:
         return parts
 
     def abort(self) -> None:
-        """Make this rank's pending NCCL kernels return (a peer died); callable from another thread."""
+        """Make this rank's pending NCCL kernels return and free the communicator (local: needs no peer).
+
+        Callable from another thread (the executor's monitor, when a peer died); also the normal
+        shutdown. NOTE: not ``ncclCommDestroy``, which can wait for peers that already exited.
+        """
         if self.alive:
             self.alive = False
             self.lib.ncclCommAbort(self.comm)
 
-    def destroy(self) -> None:
-        """Release the communicator (after every collective completed; an aborted one is already freed)."""
-        if self.alive:
-            self.alive = False
-            torch.cuda.synchronize(self.device)
-            self.lib.ncclCommDestroy(self.comm)
+
+def _wait_count(store, key: str, target: int, stop) -> None:
+    """Block until the store counter ``key`` reaches ``target``, ``stop()`` is True, or the TP timeout."""
+    import time
+
+    from minivllm.utils.parallel import DEFAULT_TIMEOUT_S
+
+    deadline = time.monotonic() + DEFAULT_TIMEOUT_S
+    while store.add(key, 0) < target:
+        if stop():
+            raise RuntimeError("tensor-parallel start aborted while waiting for the other ranks")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {store.add(key, 0)} of {target} tensor-parallel ranks reached NCCL init")
+        time.sleep(0.01)

@@ -53,7 +53,8 @@ def _worker(rank: int, port: int, queue) -> None:
             torch.cuda.synchronize(dev)
             replays.append(y[0].item())  # 2*(step+0) + 2*(step+1)
         out["replays"] = replays
-        comm.destroy()
+        comm.abort()
+        assert not comm.alive
         queue.put((rank, out))
     except Exception as e:  # noqa: BLE001 - reported to the test
         queue.put((rank, repr(e)))
