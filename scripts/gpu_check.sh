@@ -2,7 +2,7 @@
 # The GPU suite and the benchmarks in one call, with a short table printed last.
 #   bash scripts/gpu_check.sh [SECTION ...]
 # sections: tests bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
-#           tptests tpdebug tp tp32
+#           tptests tpdebug pynccl tp tp32
 #   fusedab: the fused sampler off (nano x3), to compare with bench06
 #   ab: asynchronous scheduling off (0.6B one request x3, nano x1), to compare with bench06
 #   tp / tp32: tp_scaling.py on Qwen3-8B / Qwen3-32B at the sizes in $TP_SIZES (default "1 2")
@@ -44,10 +44,10 @@ for s in $sections; do
     fusedab) MINIVLLM_FUSED_SAMPLER=0 timeout 150 $BENCH --model qwen3-0.6b --workload nano --repeat 3 --json-out "$R/q06_nano_unfused.json" 2>&1 | tail -8 ;;
     kernels) timeout 200 python3 benchmarks/bench_kernels.py > "$R/kernels.txt" 2>&1; tail -25 "$R/kernels.txt" ;;
     tptests) timeout 300 python3 -m pytest -m gpu tests/gpu/test_tp_gpu.py -q -p no:cacheprovider > "$R/tp_tests.log" 2>&1; tail -8 "$R/tp_tests.log" ;;
-    tpdebug) NCCL_DEBUG=WARN MINIVLLM_HANG_DUMP_S=45 timeout 240 python3 -m pytest -q -s -p no:cacheprovider -rA \
+    tpdebug) NCCL_DEBUG=WARN MINIVLLM_HANG_DUMP_S=45 timeout 200 python3 -m pytest -q -s -p no:cacheprovider -rA \
                tests/gpu/test_tp_gpu.py -o faulthandler_timeout=60 > "$R/tp_debug.log" 2>&1
-             grep -v "^frame" "$R/tp_debug.log" | tail -40; nvidia-smi --query-compute-apps=pid,used_memory --format=csv
-             timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pynccl_gpu.py > "$R/pynccl.log" 2>&1; tail -5 "$R/pynccl.log" ;;
+             grep -v "^frame" "$R/tp_debug.log" | tail -40; nvidia-smi --query-compute-apps=pid,used_memory --format=csv ;;
+    pynccl) timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pynccl_gpu.py > "$R/pynccl.log" 2>&1; tail -5 "$R/pynccl.log" ;;
     tp) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 240 --model benchmarks/configs/qwen3-8b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_8b.json" 2>&1 | tail -12 ;;
     tp32) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 270 --model benchmarks/configs/qwen3-32b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_32b.json" 2>&1 | tail -12 ;;
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;

@@ -89,8 +89,15 @@ class ModelRunner:
                            "steps run eagerly (MINIVLLM_TP_COMM=pynccl captures them)")
         return False
 
+    def release_graphs(self) -> None:
+        """Drop the CUDA graphs. NOTE: NCCL frees (and aborts) a communicator only once no graph holds its kernels."""
+        if self.graph_runner is not None:
+            self.graph_runner.graphs.clear()
+            self.graph_runner = None
+
     def shutdown(self) -> None:
         """Leave the tensor-parallel process group (if any); the runner must not be used afterwards."""
+        self.release_graphs()
         if self.tp_group is not None:
             self.tp_group.shutdown()
 

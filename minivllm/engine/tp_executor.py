@@ -259,6 +259,8 @@ class MultiProcExecutor:
         if self._closed:
             return
         self._closed = self._closing = True
+        if self.runner is not None:
+            self.runner.release_graphs()  # NOTE: a monitor aborting NCCL waits for this (see release_graphs)
         self._wake_w.close()  # NOTE: ends the monitor's wait; it sees _closing and returns
         if self._monitor_thread is not None:
             self._monitor_thread.join(15.0)  # NOTE: so the monitor cannot report the exits below

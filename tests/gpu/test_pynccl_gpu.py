@@ -1,6 +1,7 @@
 """The ctypes NCCL communicator on 2 GPUs: eager collectives, and the same inside a replayed CUDA graph."""
 
 import multiprocessing as mp
+import os
 import socket
 from datetime import timedelta
 
@@ -53,11 +54,15 @@ def _worker(rank: int, port: int, queue) -> None:
             torch.cuda.synchronize(dev)
             replays.append(y[0].item())  # 2*(step+0) + 2*(step+1)
         out["replays"] = replays
+        del graph  # NOTE: NCCL waits for graphs holding its kernels before it frees the communicator
         comm.abort()
         assert not comm.alive
         queue.put((rank, out))
     except Exception as e:  # noqa: BLE001 - reported to the test
         queue.put((rank, repr(e)))
+    queue.close()
+    queue.join_thread()
+    os._exit(0)  # NOTE: as the engine's workers: no interpreter teardown of CUDA / NCCL state
 
 
 def test_pynccl_collectives_eager_and_in_cuda_graph():
