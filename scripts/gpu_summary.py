@@ -11,6 +11,16 @@ def main(folder: str) -> None:
     rows = []
     for path in sorted(Path(folder).glob("*.json")):
         r = json.loads(path.read_text())
+        if r.get("benchmark") == "latency":
+            rows.append((path.stem, r.get("device_name", "?"), "TPOT ms (median)", r["tpot_ms"]["median"],
+                         None, None, f"TTFT median {r['ttft_ms']['median']:.2f} ms"))
+            continue
+        if "results" in r and isinstance(r["results"], list):  # tp_scaling.py
+            for x in r["results"]:
+                if "error" not in x:
+                    rows.append((f"{path.stem} TP={x['tp']}", "?", "output tok/s", x["throughput_tok_s"], None, None,
+                                 f"{x['ms_per_token']:.2f} ms/token one request"))
+            continue
         if r.get("benchmark") != "throughput":
             if "hf_output_tok_s" in r or "output_tok_s" in r:
                 rows.append((path.stem, r.get("device_name", "?"), "transformers tok/s",

@@ -14,7 +14,7 @@ def test_missing_library_gives_a_clear_error(monkeypatch):
 
 
 @pytest.mark.parametrize("comm, forced, kind, graphs", [
-    (None, None, "c10d", False), ("pynccl", None, "pynccl", True), ("c10d", "1", "c10d", True),
+    (None, None, "pynccl", True), ("c10d", None, "c10d", False), ("c10d", "1", "c10d", True),
     ("pynccl", "0", "pynccl", False)])
 def test_comm_kind_and_graph_switch(monkeypatch, comm, forced, kind, graphs):
     for name, value in (("MINIVLLM_TP_COMM", comm), ("MINIVLLM_TP_CUDA_GRAPHS", forced)):

@@ -30,9 +30,10 @@ _live: weakref.WeakValueDictionary[str, TPGroup] = weakref.WeakValueDictionary()
 def nccl_comm_kind() -> str:
     """Which NCCL path GPU groups use: ``pynccl`` (ctypes, current stream) or ``c10d`` (ProcessGroupNCCL).
 
-    ``MINIVLLM_TP_COMM`` picks one; c10d stays the default until pynccl has run on GPUs.
+    ``MINIVLLM_TP_COMM`` picks one; pynccl is the default since it ran TP=2 with CUDA graphs on 2 H200s
+    (2026-11-22; c10d collectives captured in graphs did not finish there).
     """
-    kind = os.environ.get("MINIVLLM_TP_COMM", "c10d")
+    kind = os.environ.get("MINIVLLM_TP_COMM", "pynccl")
     if kind not in ("pynccl", "c10d"):
         raise ValueError(f"MINIVLLM_TP_COMM must be 'pynccl' or 'c10d', not {kind!r}")
     return kind
