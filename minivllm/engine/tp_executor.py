@@ -2,8 +2,9 @@
 
 Rank 0's ModelRunner lives in the engine process; ranks 1..N-1 are spawned workers. Each step
 rank 0 builds the ``StepInputs`` once, pickles ``(command, args)`` into a shared-memory block
-(8-byte length header), signals each worker (which acknowledges once it has read it, so rank 0
-may write the next one), and all ranks run the step in lockstep; rank 0 then samples. A monitor thread watches the workers' sentinels: if one dies, the others are
+(``tp_worker.py``), signals each worker (which acknowledges once it has read it, so rank 0
+may write the next one), and all ranks run the step in lockstep; rank 0 then samples. A monitor
+thread watches the workers' sentinels: if one dies, the others are
 killed, an NCCL group is aborted, and the engine raises a clear RuntimeError.
 """
 
@@ -12,9 +13,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import socket
-import struct
-import sys
 import threading
 import time
 import uuid
@@ -22,77 +20,13 @@ from contextlib import suppress
 from multiprocessing.connection import wait as wait_any
 from multiprocessing.shared_memory import SharedMemory
 
-import torch
-
 from minivllm.config import Config
 from minivllm.engine.executor import SampledTokens
 from minivllm.engine.scheduler import SchedulerOutput
+from minivllm.engine.tp_worker import HEADER, dump_stacks_if_stalled, free_port, shm_size, worker_main
 
-_HEADER = struct.Struct("<Q")
-_POLL_S = 0.5  # how often a waiting worker checks that its parent is alive
 _START_TIMEOUT_S = 300.0  # spawn + imports of a worker
 _EXIT_TIMEOUT_S = 10.0  # graceful exit before terminate, then kill
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _shm_size(config: Config) -> int:
-    """Bound on one pickled step: 3 int64 per token, a block-table row and a few scalars per sequence."""
-    max_blocks = -(-config.max_model_len // config.kvcache_block_size)
-    rows = min(config.max_num_seqs, config.max_num_batched_tokens)
-    return 2 * (65536 + 32 * config.max_num_batched_tokens + rows * (4 * max_blocks + 16))
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Worker thread: exit the worker if the engine process dies (even mid-collective)."""
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    os._exit(1)
-
-
-def _dump_stacks_if_stalled() -> None:
-    """Debugging aid: with ``MINIVLLM_HANG_DUMP_S=N``, print this process's stacks every N seconds."""
-    if os.environ.get("MINIVLLM_HANG_DUMP_S"):
-        import faulthandler
-
-        faulthandler.dump_traceback_later(float(os.environ["MINIVLLM_HANG_DUMP_S"]), repeat=True)
-
-
-def _worker_main(config: Config, rank: int, init_method: str, shm_name: str, wakeup, ack, ready,
-                 parent_pid: int) -> None:
-    """Entry point of rank ``rank`` (>= 1): build a ModelRunner, then run commands until "exit"."""
-    if config.device == "cpu":
-        torch.set_num_threads(1)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    _dump_stacks_if_stalled()
-    from minivllm.engine.model_runner import ModelRunner
-
-    shm = SharedMemory(name=shm_name)
-    ready.release()  # NOTE: imports done; the engine now starts rank 0, which opens the rendezvous
-    runner = ModelRunner(config, rank, dist_init_method=init_method)
-    try:
-        while True:
-            while not wakeup.acquire(timeout=_POLL_S):
-                if os.getppid() != parent_pid:
-                    return
-            (n,) = _HEADER.unpack_from(shm.buf, 0)
-            method, args = pickle.loads(shm.buf[_HEADER.size:_HEADER.size + n])
-            ack.release()  # NOTE: rank 0 may now write the next command over this one
-            if method == "exit":
-                return
-            getattr(runner, method)(*args)
-    finally:
-        runner.shutdown()
-        shm.close()
-    # NOTE: a clean exit skips the interpreter's teardown of CUDA and NCCL state, which can stall
-    # (the engine would then wait its exit timeout and terminate the worker)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 class MultiProcExecutor:
@@ -107,7 +41,7 @@ class MultiProcExecutor:
 
         self.config = config
         self.runner = None
-        _dump_stacks_if_stalled()
+        dump_stacks_if_stalled()
         self.procs: list = []
         self._failure: str | None = None
         self._failed = threading.Event()
@@ -115,8 +49,8 @@ class MultiProcExecutor:
         self._monitor_thread = None
         ctx = mp.get_context("spawn")
         self.shm = SharedMemory(name=f"mvllm_tp_{os.getpid()}_{uuid.uuid4().hex[:12]}", create=True,
-                                size=_shm_size(config))
-        self.init_method = f"tcp://127.0.0.1:{_free_port()}"
+                                size=shm_size(config))
+        self.init_method = f"tcp://127.0.0.1:{free_port()}"
         self._wake_r, self._wake_w = ctx.Pipe(duplex=False)
         # NOTE: one semaphore per worker as its "event", not mp.Event: an mp.Event hides a lock,
         # and a worker killed while holding it would block rank 0's next set() forever.
@@ -126,7 +60,7 @@ class MultiProcExecutor:
         readies = [ctx.Semaphore(0) for _ in self.signals]
         try:
             for rank, (sig, ack, ready) in enumerate(zip(self.signals, self.acks, readies), 1):
-                p = ctx.Process(target=_worker_main, name=f"minivllm-tp{rank}", daemon=True,
+                p = ctx.Process(target=worker_main, name=f"minivllm-tp{rank}", daemon=True,
                                 args=(config, rank, self.init_method, self.shm.name, sig, ack, ready,
                                       os.getpid()))
                 p.start()
@@ -202,11 +136,11 @@ class MultiProcExecutor:
     def _broadcast(self, method: str, *args, timeout: float | None = None) -> None:
         self._wait_acks(timeout)
         data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
-        end = _HEADER.size + len(data)
+        end = HEADER.size + len(data)
         if end > self.shm.size:
             raise RuntimeError(f"step inputs of {len(data)} bytes exceed the {self.shm.size}-byte shared memory")
-        self.shm.buf[_HEADER.size:end] = data
-        _HEADER.pack_into(self.shm.buf, 0, len(data))
+        self.shm.buf[HEADER.size:end] = data
+        HEADER.pack_into(self.shm.buf, 0, len(data))
         self._unacked = True
         for sig in self.signals:
             sig.release()
