@@ -78,6 +78,8 @@ class Config:
     cpu_kvcache_space_gib: float = 2.0  # cap on the CPU KV cache when sizing from memory
     # Schedule and launch step N+1 before step N's tokens reach the host (None: on GPUs only).
     async_scheduling: bool | None = None
+    # "auto": the model's dtype; "fp8": e4m3 (half the bytes of bf16, values saturated at +-448)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         mc = self.model_config
@@ -87,6 +89,8 @@ class Config:
             self.dtype = mc.dtype
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}")
         bs = self.kvcache_block_size
         if not (16 <= bs <= 256 and bs & (bs - 1) == 0):
             raise ValueError(f"kvcache_block_size must be a power of two from 16 to 256, got {bs}")

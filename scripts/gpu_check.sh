@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU suite and the benchmarks in one call, with a short table printed last.
 #   bash scripts/gpu_check.sh [SECTION ...]
-# sections: tests bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
+# sections: tests fp8kv bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
 #           tptests tpdebug pynccl tp tp32
+#   fp8kv: the nano workloads with an FP8 (e4m3) KV cache
 #   fusedab: the fused sampler off (nano x3), to compare with bench06
 #   ab: asynchronous scheduling off (0.6B one request x3, nano x1), to compare with bench06
 #   tp / tp32: tp_scaling.py on Qwen3-8B / Qwen3-32B at the sizes in $TP_SIZES (default "1 2")
@@ -41,6 +42,9 @@ for s in $sections; do
                grep -A12 "^## " "$R/profile_8b.txt" | grep -v "^--$" | head -40 ;;
     sampler) timeout 90 python3 benchmarks/bench_sampler.py > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt"
              timeout 90 python3 benchmarks/bench_sampler.py --fused > "$R/sampler_fused.txt" 2>&1; tail -12 "$R/sampler_fused.txt" ;;
+    fp8kv)
+      for w in nano; do timeout 150 $BENCH --model qwen3-0.6b --workload $w --repeat 3 --kv-cache-dtype fp8 --json-out "$R/q06_${w}_fp8kv.json" 2>&1 | tail -8; done
+      timeout 200 $BENCH --model qwen3-8b --workload nano --repeat 3 --kv-cache-dtype fp8 --json-out "$R/q8b_nano_fp8kv.json" 2>&1 | tail -8 ;;
     fusedab) MINIVLLM_FUSED_SAMPLER=0 timeout 150 $BENCH --model qwen3-0.6b --workload nano --repeat 3 --json-out "$R/q06_nano_unfused.json" 2>&1 | tail -8 ;;
     kernels) timeout 200 python3 benchmarks/bench_kernels.py > "$R/kernels.txt" 2>&1; tail -25 "$R/kernels.txt" ;;
     tptests) timeout 300 python3 -m pytest -m gpu tests/gpu/test_tp_gpu.py -q -p no:cacheprovider > "$R/tp_tests.log" 2>&1; tail -8 "$R/tp_tests.log" ;;

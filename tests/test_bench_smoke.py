@@ -91,8 +91,9 @@ def test_throughput_workloads(workload, dummy_dir, tmp_path, capsys):
 
 def test_throughput_real_checkpoint_repeat(tiny_tied_model, capsys):
     res = throughput.main(["--workload", "fixed-batch", "--model", tiny_tied_model, "--num-requests", "4",
-                           "--input-len", "12", "--output-len", "6", "--repeat", "2", *TINY])
+                           "--input-len", "12", "--output-len", "6", "--repeat", "2", *TINY, "--kv-cache-dtype", "fp8"])
     assert len(res["runs"]) == 2 and res["total_output_tokens"] == 24
+    assert res["engine_args"]["kv_cache_dtype"] == "fp8"
     _positive(res, "output_tok_s")
     assert "all runs (output_tok_s)" in capsys.readouterr().out
 

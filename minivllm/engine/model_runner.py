@@ -23,6 +23,7 @@ from minivllm.engine.executor import SampledTokens
 from minivllm.engine.scheduler import SchedulerOutput
 from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.step_inputs import StepInputs, build_step_inputs
+from minivllm.kernels.reference import FP8_DTYPES
 from minivllm.layers.attention import Attention
 from minivllm.layers.attention_metadata import AttentionMetadata
 from minivllm.layers.sampler import Sampler
@@ -43,6 +44,7 @@ class ModelRunner:
         self.rank = rank
         self.block_size = config.kvcache_block_size
         self.dtype = _TORCH_DTYPES[config.dtype]
+        self.kv_dtype = FP8_DTYPES.get(config.kv_cache_dtype, self.dtype)
         if config.device == "cpu":
             self.device = torch.device("cpu")
         else:
@@ -105,7 +107,7 @@ class ModelRunner:
     def _block_bytes(self) -> int:
         layer = self.attn_layers[0]
         return (2 * len(self.attn_layers) * self.block_size * layer.num_kv_heads * layer.head_dim
-                * self.dtype.itemsize)
+                * self.kv_dtype.itemsize)
 
     def _profile_num_blocks(self) -> int:
         """Blocks that fit in free memory: GPU after a warm-up at the largest batch, CPU from a budget."""
@@ -156,7 +158,7 @@ class ModelRunner:
         layer = self.attn_layers[0]
         # [2, layers, blocks, block_size, kv_heads, head_dim]
         return torch.zeros(2, len(self.attn_layers), num_blocks, self.block_size, layer.num_kv_heads,
-                           layer.head_dim, dtype=self.dtype, device=self.device)
+                           layer.head_dim, dtype=self.kv_dtype, device=self.device)
 
     def _bind_cache(self, cache: torch.Tensor | None) -> None:
         self.kv_cache = cache

@@ -28,6 +28,7 @@ ENGINE_FLAGS = [
     ("--seed", "seed", int, "random seed of the engine"),
     ("--load-format", "load_format", str, "auto, safetensors or dummy (random weights)"),
     ("--attention-backend", "attention_backend", str, "torch or triton"),
+    ("--kv-cache-dtype", "kv_cache_dtype", str, "auto (the model's dtype) or fp8 (e4m3: half the KV bytes)"),
     ("--max-num-partial-prefills", "max_num_partial_prefills", int, "prompts prefilled in chunks at once"),
     ("--max-long-partial-prefills", "max_long_partial_prefills", int, "long prompts prefilled at once"),
     ("--long-prefill-threshold", "long_prefill_threshold", int, "per-step cap on one prompt's chunk"),

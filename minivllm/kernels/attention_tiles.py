@@ -62,6 +62,9 @@ def attend_range(
         if DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
+        else:  # NOTE: no-op for a cache in the model's dtype; an FP8 cache's e4m3 values are exact in bf16/fp16
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] float32
         if MASKED:
             visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]  # [BLOCK_M, BLOCK_N]

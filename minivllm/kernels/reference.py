@@ -11,6 +11,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+FP8_DTYPES = {"fp8": torch.float8_e4m3fn}
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    """The largest finite value of an FP8 cache dtype (0.0 for any other dtype)."""
+    return float(torch.finfo(dtype).max) if dtype in FP8_DTYPES.values() else 0.0
+
 
 def store_kvcache_ref(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -21,6 +28,9 @@ def store_kvcache_ref(
 ) -> None:
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
+    sat = fp8_max(k_cache.dtype)
+    if sat:  # NOTE: e4m3 has no infinity: out-of-range values saturate instead of becoming NaN
+        key, value = key.float().clamp(-sat, sat), value.float().clamp(-sat, sat)
     k_flat = k_cache.view(-1, *k_cache.shape[2:])  # [num_blocks * block_size, num_kv_heads, head_dim]
     v_flat = v_cache.view(-1, *v_cache.shape[2:])
     k_flat[slots] = key[valid].to(k_cache.dtype)

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.reference import fp8_max
+
 
 @triton.jit
 def _store_kvcache_kernel(
@@ -34,6 +36,7 @@ def _store_kvcache_kernel(
     BLOCK_H: tl.constexpr,  # next power of two >= NUM_KV_HEADS
     BLOCK_D: tl.constexpr,  # next power of two >= HEAD_DIM
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    SAT: tl.constexpr,  # > 0: clamp to [-SAT, SAT] before the cast (FP8 e4m3 has no infinity)
 ):
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + tok).to(tl.int64)
@@ -48,6 +51,9 @@ def _store_kvcache_kernel(
     v = tl.load(value_ptr + tok * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
     kc = k_cache_ptr + blk * stride_kcb + off * stride_kcs + offs_h[:, None] * stride_kch + offs_d[None, :]
     vc = v_cache_ptr + blk * stride_vcb + off * stride_vcs + offs_h[:, None] * stride_vch + offs_d[None, :]
+    if SAT > 0:
+        k = tl.minimum(tl.maximum(k.to(tl.float32), -SAT), SAT)
+        v = tl.minimum(tl.maximum(v.to(tl.float32), -SAT), SAT)
     tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -60,6 +66,9 @@ def store_kvcache(
     slot_mapping: torch.Tensor,  # [num_tokens] int32 or int64, -1 = skip
 ) -> None:
     """Write ``key[t]``/``value[t]`` to cache slot ``slot_mapping[t]`` (skip slots < 0).
+
+    An FP8 (e4m3) cache gets the values saturated to +-448 and rounded (scale 1, as vLLM's
+    ``kv_cache_dtype="fp8"`` without calibrated scales).
 
     ``key``/``value`` may be strided views (e.g. slices of a fused qkv projection) as long as
     their last dim is contiguous. One program per token; no host syncs (CUDA-graph safe).
@@ -81,5 +90,6 @@ def store_kvcache(
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=k_cache.shape[1],
+        SAT=fp8_max(k_cache.dtype),
         num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
     )  # fmt: skip

@@ -27,6 +27,7 @@ ENGINE_FLAGS = [
     ("--dtype", "dtype", str),
     ("--load-format", "load_format", str),
     ("--attention-backend", "attention_backend", str),
+    ("--kv-cache-dtype", "kv_cache_dtype", str),
     ("--enforce-eager", "enforce_eager", None),
     ("--enable-prefix-caching", "enable_prefix_caching", None),
     ("--enable-chunked-prefill", "enable_chunked_prefill", None),
