@@ -29,3 +29,13 @@ def test_unknown_comm_kind_is_rejected(monkeypatch):
     monkeypatch.setenv("MINIVLLM_TP_COMM", "mpi")
     with pytest.raises(ValueError, match="MINIVLLM_TP_COMM"):
         nccl_comm_kind()
+
+
+def test_collective_inputs_are_checked():
+    import torch
+
+    with pytest.raises(TypeError, match="do not support torch.bool"):
+        pynccl.NcclCommunicator._dtype(torch.zeros(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="contiguous"):
+        pynccl.NcclCommunicator._dtype(torch.zeros(4, 4).t())
+    assert pynccl.NcclCommunicator._dtype(torch.zeros(2, dtype=torch.bfloat16)) == 9  # ncclBfloat16

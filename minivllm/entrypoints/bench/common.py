@@ -12,27 +12,13 @@ import subprocess
 from pathlib import Path
 
 from minivllm.entrypoints.bench.models import canonical_name, resolve_model
+from minivllm.entrypoints.cli import BOOL_FLAGS as CLI_BOOL_FLAGS
+from minivllm.entrypoints.cli import ENGINE_FLAGS as CLI_ENGINE_FLAGS
 
-# (flag, Config field, type); type None = a --flag/--no-flag boolean. The same names as `minivllm serve`.
-ENGINE_FLAGS = [
-    ("--max-model-len", "max_model_len", int),
-    ("--max-num-seqs", "max_num_seqs", int),
-    ("--max-num-batched-tokens", "max_num_batched_tokens", int),
-    ("--kvcache-block-size", "kvcache_block_size", int),
-    ("--num-kvcache-blocks", "num_kvcache_blocks", int),
-    ("--gpu-memory-utilization", "gpu_memory_utilization", float),
-    ("--cpu-kvcache-space-gib", "cpu_kvcache_space_gib", float),
-    ("--tensor-parallel-size", "tensor_parallel_size", int),
-    ("--device", "device", str),
-    ("--dtype", "dtype", str),
-    ("--load-format", "load_format", str),
-    ("--attention-backend", "attention_backend", str),
-    ("--kv-cache-dtype", "kv_cache_dtype", str),
-    ("--enforce-eager", "enforce_eager", None),
-    ("--enable-prefix-caching", "enable_prefix_caching", None),
-    ("--enable-chunked-prefill", "enable_chunked_prefill", None),
-    ("--async-scheduling", "async_scheduling", None),
-]
+# (flag, Config field, type); type None = a --flag/--no-flag boolean. The same flags as `minivllm serve`,
+# except --seed, which here seeds the workload (the engine keeps its default seed).
+ENGINE_FLAGS = [(flag, field, typ) for flag, field, typ, _ in CLI_ENGINE_FLAGS if flag != "--seed"] + [
+    (flag, field, None) for flag, field, _ in CLI_BOOL_FLAGS]
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
