@@ -124,11 +124,12 @@ def main() -> None:
     ap.add_argument("--load-format", default="dummy")
     ap.add_argument("--device", default=None)
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (kernels: rank 0's GPU)")
     ap.add_argument("--sync-phases", action="store_true",
                     help="asynchronous scheduling off, a synchronize after each device phase")
     args = ap.parse_args()
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.max_model_len,
-              enforce_eager=args.enforce_eager, device=args.device,
+              enforce_eager=args.enforce_eager, device=args.device, tensor_parallel_size=args.tp,
               **({"async_scheduling": False} if args.sync_phases else {}))
     print(f"async_scheduling={llm.config.async_scheduling}")
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)

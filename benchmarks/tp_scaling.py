@@ -44,7 +44,8 @@ def measure(args: argparse.Namespace) -> dict:
 
     kw = dict(load_format="dummy", tensor_parallel_size=args.tp, max_model_len=args.max_model_len,
               enforce_eager=args.enforce_eager)
-    kw.update({k: v for k, v in (("device", args.device), ("dtype", args.dtype)) if v is not None})
+    kw.update({k: v for k, v in (("device", args.device), ("dtype", args.dtype),
+                                  ("kv_cache_dtype", args.kv_cache_dtype)) if v is not None})
     t0 = time.perf_counter()
     llm = LLM(args.model, **kw)
     try:
@@ -71,7 +72,9 @@ def measure(args: argparse.Namespace) -> dict:
         return {"tp": args.tp, "startup_s": startup, "kv_blocks": llm.executor.num_kvcache_blocks,
                 "throughput_tok_s": out_tokens / elapsed, "throughput_elapsed_s": elapsed,
                 "output_tokens": out_tokens, "latency_s": latency, "ms_per_token": 1000 * latency / n,
-                "tpot_ms": 1000 * tpot, "device": llm.config.device, "dtype": llm.config.dtype}
+                "tpot_ms": 1000 * tpot, "device": llm.config.device, "dtype": llm.config.dtype,
+                "kv_cache_dtype": llm.config.kv_cache_dtype,
+                "custom_all_reduce": getattr(getattr(llm.executor.runner, "tp_group", None), "custom_ar", None) is not None}
     finally:
         llm.close()
 
@@ -83,7 +86,8 @@ def run_subprocess(args: argparse.Namespace, tp: int) -> dict:
            "--max-output-len", str(args.max_output_len), "--max-model-len", str(args.max_model_len),
            "--latency-input-len", str(args.latency_input_len), "--latency-output-len", str(args.latency_output_len)]
     cmd += [f for f, v in (("--enforce-eager", args.enforce_eager),) if v]
-    cmd += [x for k in ("device", "dtype") if getattr(args, k) for x in (f"--{k}", getattr(args, k))]
+    cmd += [x for k in ("device", "dtype", "kv_cache_dtype") if getattr(args, k)
+            for x in (f"--{k.replace('_', '-')}", getattr(args, k))]
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ), timeout=args.size_timeout)
     except subprocess.TimeoutExpired:
@@ -120,6 +124,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--latency-output-len", type=int, default=512)
     p.add_argument("--device", default=None, help="default: cuda if available")
     p.add_argument("--dtype", default=None, help="default: the config's")
+    p.add_argument("--kv-cache-dtype", default=None, help="auto (the model's dtype) or fp8")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--size-timeout", type=float, default=None, help="seconds allowed per TP size (default: none)")
     p.add_argument("--json-out", default=None)

@@ -2,7 +2,11 @@
 # The GPU suite and the benchmarks in one call, with a short table printed last.
 #   bash scripts/gpu_check.sh [SECTION ...]
 # sections: tests fp8kv bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
-#           tptests tpdebug pynccl tp tp32
+#           tptests tpdebug pynccl car tpab tpfp8 tpprofile tp tp32
+#   car: the custom all-reduce's GPU test, then its latency against NCCL (bench_all_reduce.py)
+#   tpab: Qwen3-8B at TP=2 with the custom all-reduce off (NCCL only), to compare with tp
+#   tpfp8: Qwen3-8B at TP=2 with an FP8 KV cache
+#   tpprofile: profile_step.py on Qwen3-8B at TP=2 (host phases, rank 0's kernels)
 #   fp8kv: the nano workloads with an FP8 (e4m3) KV cache
 #   fusedab: the fused sampler off (nano x3), to compare with bench06
 #   ab: asynchronous scheduling off (0.6B one request x3, nano x1), to compare with bench06
@@ -52,6 +56,12 @@ for s in $sections; do
                tests/gpu/test_tp_gpu.py -o faulthandler_timeout=60 > "$R/tp_debug.log" 2>&1
              grep -v "^frame" "$R/tp_debug.log" | tail -40; nvidia-smi --query-compute-apps=pid,used_memory --format=csv ;;
     pynccl) timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pynccl_gpu.py > "$R/pynccl.log" 2>&1; tail -5 "$R/pynccl.log" ;;
+    car) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_custom_all_reduce_gpu.py > "$R/car.log" 2>&1; tail -5 "$R/car.log"
+         timeout 150 python3 benchmarks/bench_all_reduce.py --world 2 --json-out "$R/all_reduce.json" 2>&1 | tail -12 ;;
+    tpab) MINIVLLM_CUSTOM_AR=0 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_nccl_only.json" 2>&1 | tail -4 ;;
+    tpfp8) timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --kv-cache-dtype fp8 --json-out "$R/tp_8b_fp8kv.json" 2>&1 | tail -4 ;;
+    tpprofile) timeout 240 python3 benchmarks/profile_step.py --model benchmarks/configs/qwen3-8b --tp 2 > "$R/tp_profile_8b.txt" 2>&1;
+               grep -A12 "^## " "$R/tp_profile_8b.txt" | grep -v "^--$" | head -40 ;;
     tp) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 240 --model benchmarks/configs/qwen3-8b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_8b.json" 2>&1 | tail -12 ;;
     tp32) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout ${SIZE_TIMEOUT:-270} --model benchmarks/configs/qwen3-32b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_32b.json" 2>&1 | tail -12 ;;
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;

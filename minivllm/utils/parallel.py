@@ -48,6 +48,14 @@ def tp_cuda_graphs_enabled() -> bool:
     return forced == "1" if forced in ("0", "1") else nccl_comm_kind() == "pynccl"
 
 
+def custom_all_reduce_enabled() -> bool:
+    """The one-shot all-reduce kernel for small sums on GPUs (pynccl path); ``MINIVLLM_CUSTOM_AR=0`` turns it off."""
+    flag = os.environ.get("MINIVLLM_CUSTOM_AR", "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"MINIVLLM_CUSTOM_AR must be '0' or '1', not {flag!r}")
+    return flag == "1"
+
+
 def _options(cls):
     """Collective options with ``asyncOp=False``, as ``dist.all_reduce(..., async_op=False)`` sets.
 
@@ -76,6 +84,7 @@ class TPGroup:
         self.store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0, timeout=timeout)
         store = dist.PrefixStore("minivllm_tp/", self.store)
         self.comm = None  # a pynccl communicator replaces the c10d backend's collectives on CUDA
+        self.custom_ar = None  # the one-shot kernel for small sums, beside pynccl
         self.backend = None
         self.aborted = False
         _live[init_method] = self  # NOTE: before the NCCL init, so abort_group can end rank 0's wait for peers
@@ -83,6 +92,12 @@ class TPGroup:
             from minivllm.utils.pynccl import NcclCommunicator
 
             self.comm = NcclCommunicator(store, rank, world_size, device, stop=lambda: self.aborted)
+            if custom_all_reduce_enabled():
+                from minivllm.utils.custom_all_reduce import create_custom_all_reduce
+
+                self.custom_ar = create_custom_all_reduce(
+                    store, rank, world_size, device, lambda t: self.comm.all_reduce(t, "min"),
+                    stop=lambda: self.aborted)
         elif self.is_nccl:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
@@ -97,6 +112,8 @@ class TPGroup:
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> None:
         """In place, over all ranks (contiguous ``t``; fine inside a CUDA graph capture with NCCL)."""
+        if self.custom_ar is not None and op == "sum" and self.custom_ar.fits(t):
+            return self.custom_ar.all_reduce(t)
         if self.comm is not None:
             return self.comm.all_reduce(t, op)
         opts = _options(dist.AllreduceOptions)
@@ -128,6 +145,8 @@ class TPGroup:
         raises. NCCL kernels would spin until the timeout instead.
         """
         self.aborted = True
+        if self.custom_ar is not None:
+            self.custom_ar.abort()  # NOTE: first: its kernels spin on flags NCCL's abort cannot reach
         if self.comm is not None:
             self.comm.abort()
         elif self.is_nccl and self.backend is not None:
@@ -139,6 +158,9 @@ class TPGroup:
     def shutdown(self) -> None:
         """Release the backend. NOTE: a broken gloo backend left to the interpreter's exit aborts the process."""
         _live.pop(self.address, None)
+        car, self.custom_ar = getattr(self, "custom_ar", None), None
+        if car is not None:
+            car.close()
         comm, self.comm = getattr(self, "comm", None), None
         if comm is not None:
             comm.abort()

@@ -1,86 +1,65 @@
 """The ctypes NCCL communicator on 2 GPUs: eager collectives, and the same inside a replayed CUDA graph."""
 
-import multiprocessing as mp
-import os
-import socket
 from datetime import timedelta
 
 import pytest
 import torch
 
+from minivllm.utils.rank_procs import run_ranks
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
 
 
-def _worker(rank: int, port: int, queue) -> None:
+def _worker(rank: int, world: int, port: int) -> dict:
     import torch.distributed as dist
 
     from minivllm.utils.pynccl import NcclCommunicator
 
-    try:
-        dev = torch.device("cuda", rank)
-        torch.cuda.set_device(dev)
-        store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
-        comm = NcclCommunicator(store, rank, 2, dev)
-        out = {}
-        x = torch.full((1000,), float(rank + 1), device=dev, dtype=torch.bfloat16)
-        comm.all_reduce(x)
-        out["sum"] = x.float().unique().tolist()  # [1 + 2] everywhere
-        m = torch.tensor([10 - rank], device=dev, dtype=torch.int64)
-        comm.all_reduce(m, op="min")
-        out["min"] = m.item()  # 9
-        b = torch.arange(5, device=dev, dtype=torch.int64) * (rank + 1)
-        comm.broadcast(b, src=0)
-        out["bcast"] = b.tolist()  # rank 0's
-        parts = comm.gather(torch.full((3,), rank, device=dev, dtype=torch.float32), dst=0)
-        out["gather"] = None if parts is None else [p.tolist() for p in parts]
-        # a CUDA graph holding an all-reduce, replayed with new inputs
-        static = torch.zeros(4096, device=dev)
-        y = torch.zeros(4096, device=dev)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # warm-up outside capture, as the engine does
-            y.copy_(static * 2)
-            comm.all_reduce(y)
-        torch.cuda.current_stream(dev).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y.copy_(static * 2)
-            comm.all_reduce(y)
-        replays = []
-        for step in range(3):
-            static.fill_(float(step + rank))
-            graph.replay()
-            torch.cuda.synchronize(dev)
-            replays.append(y[0].item())  # 2*(step+0) + 2*(step+1)
-        out["replays"] = replays
-        del graph  # NOTE: NCCL waits for graphs holding its kernels before it frees the communicator
-        comm.abort()
-        assert not comm.alive
-        queue.put((rank, out))
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        queue.put((rank, repr(e)))
-    queue.close()
-    queue.join_thread()
-    os._exit(0)  # NOTE: as the engine's workers: no interpreter teardown of CUDA / NCCL state
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
+    comm = NcclCommunicator(store, rank, 2, dev)
+    out = {}
+    x = torch.full((1000,), float(rank + 1), device=dev, dtype=torch.bfloat16)
+    comm.all_reduce(x)
+    out["sum"] = x.float().unique().tolist()  # [1 + 2] everywhere
+    m = torch.tensor([10 - rank], device=dev, dtype=torch.int64)
+    comm.all_reduce(m, op="min")
+    out["min"] = m.item()  # 9
+    b = torch.arange(5, device=dev, dtype=torch.int64) * (rank + 1)
+    comm.broadcast(b, src=0)
+    out["bcast"] = b.tolist()  # rank 0's
+    parts = comm.gather(torch.full((3,), rank, device=dev, dtype=torch.float32), dst=0)
+    out["gather"] = None if parts is None else [p.tolist() for p in parts]
+    # a CUDA graph holding an all-reduce, replayed with new inputs
+    static = torch.zeros(4096, device=dev)
+    y = torch.zeros(4096, device=dev)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):  # warm-up outside capture, as the engine does
+        y.copy_(static * 2)
+        comm.all_reduce(y)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y.copy_(static * 2)
+        comm.all_reduce(y)
+    replays = []
+    for step in range(3):
+        static.fill_(float(step + rank))
+        graph.replay()
+        torch.cuda.synchronize(dev)
+        replays.append(y[0].item())  # 2*(step+0) + 2*(step+1)
+    out["replays"] = replays
+    del graph  # NOTE: NCCL waits for graphs holding its kernels before it frees the communicator
+    comm.abort()
+    assert not comm.alive
+    return out
 
 
 def test_pynccl_collectives_eager_and_in_cuda_graph():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(queue.get(timeout=120) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    results = run_ranks(_worker, 2, timeout=120)
     for rank in (0, 1):
         assert isinstance(results[rank], dict), results[rank]
         r = results[rank]

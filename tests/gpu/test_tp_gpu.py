@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.utils.parallel import tp_cuda_graphs_enabled
+from minivllm.utils.parallel import custom_all_reduce_enabled, tp_cuda_graphs_enabled
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
@@ -27,6 +27,19 @@ def test_tp2_equals_tp1_float32(tiny_model, graphs):
         expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
     with LLM(tiny_model, tensor_parallel_size=2, **kw) as two:
         assert (two.executor.runner.graph_runner is not None) == graphs
+        assert (two.executor.runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
+        got = [o["token_ids"] for o in two.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    assert got == expected
+
+
+def test_tp2_nccl_only_equals_tp1(tiny_model, monkeypatch):
+    """The custom all-reduce off (``MINIVLLM_CUSTOM_AR=0``): NCCL does every sum, with CUDA graphs."""
+    kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
+    with LLM(tiny_model, **kw) as one:
+        expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    monkeypatch.setenv("MINIVLLM_CUSTOM_AR", "0")
+    with LLM(tiny_model, tensor_parallel_size=2, **kw) as two:
+        assert two.executor.runner.tp_group.custom_ar is None
         got = [o["token_ids"] for o in two.generate(PROMPTS, GREEDY, use_tqdm=False)]
     assert got == expected
 

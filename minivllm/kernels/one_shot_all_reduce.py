@@ -1,0 +1,92 @@
+"""One-shot all-reduce for small messages (Triton), over buffers every rank can address.
+
+Each rank copies its input into its own exchange buffer, tells every peer so with a flag, waits
+for the peers' flags, then reads all ``world`` buffers and writes the sum. One kernel, one round
+of flags: for the 8 KB to few-MB messages of tensor-parallel decoding this takes a few
+microseconds where a NCCL all-reduce takes tens (vLLM's and SGLang's custom all-reduce).
+
+``ptrs`` (int64, on the kernel's device) holds the addresses: ``ptrs[0:W]`` every rank's data
+buffer (two halves of ``cap`` elements), ``ptrs[W:2W]`` every rank's flags (int32, one row of
+``W`` per program), ``ptrs[2W]`` an abort flag (pinned host memory on GPUs) that ends the waits.
+
+NOTE (the protocol):
+* program ``pid`` of every rank handles the same chunks (the grid is the same on every rank and
+  every call), so it only waits for program ``pid`` of the peers;
+* ``counters[pid]`` (this rank's, local) counts the calls, so call ``e`` raises the flags to ``e``
+  and waits until they are ``>= e``: flags are never reset;
+* call ``e`` writes buffer half ``e % 2``. A peer can still be reading half ``e % 2`` of call
+  ``e - 2`` only if it has not finished that kernel, but this rank's call ``e - 1`` waited for
+  that peer's call ``e - 1``, which starts after its call ``e - 2`` ends: no end barrier needed;
+* the sum runs in rank order in float32, so every rank gets the same bits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+SPIN_CHECK_ABORT_EVERY = 1024
+
+
+@triton.jit
+def _one_shot_all_reduce_kernel(
+    x_ptr,  # [n] this rank's input
+    out_ptr,  # [n] the sum (may be x_ptr)
+    n,
+    cap,  # elements in each half of a data buffer
+    ptrs,  # [2W + 1] int64 addresses, see the module docstring
+    counters,  # [grid] int32, this rank's call count per program
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHECK_EVERY: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    dt = x_ptr.dtype.element_ty
+    epoch = tl.load(counters + pid) + 1
+    base = (epoch % 2).to(tl.int64) * cap
+    own = tl.load(ptrs + RANK).to(tl.pointer_type(dt))
+    for start in range(pid * BLOCK, n, step):
+        offs = start + tl.arange(0, BLOCK)  # [BLOCK]
+        mask = offs < n
+        tl.store(own + base + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+    tl.debug_barrier()  # NOTE: every thread's stores happen before the release below
+    flags = tl.load(ptrs + WORLD + RANK).to(tl.pointer_type(tl.int32)) + pid * WORLD
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            peer_flags = tl.load(ptrs + WORLD + p).to(tl.pointer_type(tl.int32)) + pid * WORLD
+            tl.atomic_xchg(peer_flags + RANK, epoch, sem="release", scope="sys")
+    abort = tl.load(ptrs + 2 * WORLD).to(tl.pointer_type(tl.int32))
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            seen = tl.atomic_add(flags + p, 0, sem="acquire", scope="sys")
+            stop = tl.zeros([], dtype=tl.int32)
+            spins = tl.zeros([], dtype=tl.int32)
+            while (seen < epoch) & (stop == 0):
+                seen = tl.atomic_add(flags + p, 0, sem="acquire", scope="sys")
+                spins += 1
+                if spins % CHECK_EVERY == 0:
+                    stop = tl.load(abort, volatile=True)
+    tl.debug_barrier()  # NOTE: the peers' data is read after the acquire above
+    for start in range(pid * BLOCK, n, step):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for p in tl.static_range(WORLD):
+            src = tl.load(ptrs + p).to(tl.pointer_type(dt))
+            if p == RANK:
+                acc += tl.load(src + base + offs, mask=mask, other=0.0).to(tl.float32)
+            else:
+                acc += tl.load(src + base + offs, mask=mask, other=0.0, cache_modifier=".cv").to(tl.float32)
+        tl.store(out_ptr + offs, acc.to(dt), mask=mask)
+    tl.store(counters + pid, epoch)
+
+
+def one_shot_all_reduce(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, counters: torch.Tensor,
+                        cap: int, rank: int, world: int, block: int = 1024) -> None:
+    """Launch the kernel with one program per entry of ``counters`` (the same count on every rank)."""
+    _one_shot_all_reduce_kernel[(counters.numel(),)](
+        x, out, x.numel(), cap, ptrs, counters, RANK=rank, WORLD=world, BLOCK=block,
+        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, num_warps=4)

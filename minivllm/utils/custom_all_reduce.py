@@ -1,0 +1,163 @@
+"""Tensor-parallel all-reduce for small messages: the one-shot kernel over CUDA-IPC buffers.
+
+A decode step of a TP model all-reduces two small activations per layer (8 KB per token for
+Qwen3-8B); NCCL spends tens of microseconds on each. ``CustomAllReduce`` sums them with one
+Triton kernel (``kernels/one_shot_all_reduce.py``) that reads the peers' exchange buffers
+directly. ``TPGroup.all_reduce`` uses it for sum-reductions of at most ``max_bytes`` and NCCL for
+everything else; both run on the current stream, so CUDA graphs capture either.
+
+``create_custom_all_reduce`` sets it up on every rank or on none: the ranks agree (through the
+group's store and one NCCL all-reduce) that buffers were allocated, mapped and gave the right sum.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import torch
+
+from minivllm.kernels.one_shot_all_reduce import one_shot_all_reduce
+
+log = logging.getLogger(__name__)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DEFAULT_CAPACITY = 8 << 20  # bytes in each half of a rank's data buffer
+DEFAULT_PROGRAMS = 32
+
+
+def default_max_bytes(world: int) -> int:
+    """Largest message sent through the one-shot kernel (``MINIVLLM_CUSTOM_AR_MAX_KB`` overrides).
+
+    NOTE: one-shot makes every rank read ``world - 1`` peer buffers, so NCCL's ring wins sooner as
+    the world grows; 8 MiB at 2 ranks, 2 MiB beyond, until measured otherwise.
+    """
+    env = os.environ.get("MINIVLLM_CUSTOM_AR_MAX_KB")
+    if env is not None:
+        return int(env) * 1024
+    return DEFAULT_CAPACITY if world <= 2 else 2 << 20
+
+
+class CustomAllReduce:
+    """One rank's handle on the exchange buffers of a group; ``all_reduce`` works in place."""
+
+    def __init__(self, rank: int, world: int, data_ptrs: list[int], flag_ptrs: list[int], device: torch.device,
+                 capacity_bytes: int, max_bytes: int, programs: int = DEFAULT_PROGRAMS, on_close=None):
+        if len(data_ptrs) != world or len(flag_ptrs) != world:
+            raise ValueError(f"need one data and one flag buffer per rank ({world}), got "
+                             f"{len(data_ptrs)} and {len(flag_ptrs)}")
+        self.rank, self.world, self.device = rank, world, torch.device(device)
+        self.capacity, self.max_bytes = capacity_bytes, min(max_bytes, capacity_bytes)
+        # NOTE: on a GPU the abort flag is pinned host memory, which the device reads at its host address
+        self.abort_flag = torch.zeros(1, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        self.ptrs = torch.tensor(data_ptrs + flag_ptrs + [self.abort_flag.data_ptr()], dtype=torch.int64,
+                                 device=self.device)  # [2W + 1]
+        self.counters = torch.zeros(programs, dtype=torch.int32, device=self.device)  # [programs]
+        self._on_close = on_close
+
+    def fits(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` goes through the one-shot kernel (else the caller uses NCCL)."""
+        return (self.ptrs is not None and t.dtype in DTYPES and t.device == self.device and t.is_contiguous()
+                and 0 < t.numel() * t.element_size() <= self.max_bytes)
+
+    def all_reduce(self, t: torch.Tensor) -> None:
+        """Sum ``t`` over the ranks, in place, on the current stream (every rank must call it in the same order)."""
+        if not self.fits(t):
+            raise ValueError(f"custom all-reduce takes a contiguous {DTYPES} tensor on {self.device} of at most "
+                             f"{self.max_bytes} bytes; got {t.dtype}, {t.numel() * t.element_size()} bytes on {t.device}")
+        one_shot_all_reduce(t, t, self.ptrs, self.counters, self.capacity // t.element_size(), self.rank, self.world)
+
+    def abort(self) -> None:
+        """End every wait of running and future kernels (a peer died); results are garbage from then on."""
+        self.abort_flag.fill_(1)
+
+    def close(self) -> None:
+        self.abort()
+        self.ptrs = None
+        if self._on_close is not None:
+            fn, self._on_close = self._on_close, None
+            fn()
+
+
+def _gather(store, key: str, value: bytes, rank: int, world: int, stop) -> list[bytes]:
+    """Every rank's ``value`` (through the store); ``stop()`` True or the TP timeout ends the wait."""
+    import time
+
+    from minivllm.utils.parallel import DEFAULT_TIMEOUT_S
+
+    keys = [f"custom_ar/{key}/{r}" for r in range(world)]
+    store.set(keys[rank], value)
+    deadline = time.monotonic() + DEFAULT_TIMEOUT_S
+    while not store.check(keys):
+        if stop() or time.monotonic() > deadline:
+            raise RuntimeError(f"tensor-parallel ranks did not all reach the custom all-reduce setup ({key})")
+        time.sleep(0.01)
+    return [store.get(k) for k in keys]
+
+
+def create_custom_all_reduce(store, rank: int, world: int, device: torch.device, nccl_min, stop=lambda: False,
+                             capacity_bytes: int = DEFAULT_CAPACITY, check_timeout_s: float = 30.0
+                             ) -> CustomAllReduce | None:
+    """Exchange buffers over CUDA IPC; every rank returns a ``CustomAllReduce`` or every rank None.
+
+    ``nccl_min(t)`` all-reduces an int tensor with MIN over the group (the ranks' verdict).
+    """
+    from minivllm.utils.cuda_ipc import IpcBuffer, close_ipc_handle, open_ipc_handle
+
+    own: list[IpcBuffer] = []
+    try:
+        own = [IpcBuffer(2 * capacity_bytes, device), IpcBuffer(DEFAULT_PROGRAMS * world * 4, device)]
+        payload = own[0].handle + own[1].handle
+    except Exception as e:  # noqa: BLE001 - reported to the peers, then NCCL does the work
+        payload = b"fail: " + str(e).encode()
+    handles = _gather(store, "handles", payload, rank, world, stop)
+    opened: list[int] = []
+
+    def release() -> None:
+        for ptr in opened:
+            close_ipc_handle(ptr)
+        for buf in own:
+            buf.free()
+
+    failed = [r for r, h in enumerate(handles) if h.startswith(b"fail")]
+    if failed:
+        log.warning("custom all-reduce off (rank %d: %s); NCCL does every all-reduce", failed[0],
+                    handles[failed[0]].decode(errors="replace"))
+        release()
+        return None
+    data, flags = [], []
+    try:
+        for r, h in enumerate(handles):
+            if r == rank:
+                data.append(own[0].ptr)
+                flags.append(own[1].ptr)
+            else:
+                for addrs, part in ((data, h[:64]), (flags, h[64:])):
+                    opened.append(open_ipc_handle(part))
+                    addrs.append(opened[-1])
+        status = b"ok"
+    except Exception as e:  # noqa: BLE001
+        status = b"fail: " + str(e).encode()
+    statuses = _gather(store, "opened", status, rank, world, stop)
+    if any(s != b"ok" for s in statuses):
+        log.warning("custom all-reduce off (peer buffers not mapped: %s); NCCL does every all-reduce",
+                    next(s for s in statuses if s != b"ok").decode(errors="replace"))
+        release()
+        return None
+    car = CustomAllReduce(rank, world, data, flags, device, capacity_bytes, default_max_bytes(world),
+                          on_close=release)
+    # the first sum, under a watchdog that aborts its waits: a wrong sum or a stall on any rank turns it off
+    x = torch.full((4096,), float(rank + 1), device=device, dtype=torch.bfloat16)
+    timer = threading.Timer(check_timeout_s, car.abort)
+    timer.start()
+    car.all_reduce(x)
+    torch.cuda.synchronize(device)
+    timer.cancel()
+    ok = torch.tensor([int(bool((x == world * (world + 1) // 2).all()) and not car.abort_flag.item())],
+                      device=device, dtype=torch.int32)
+    nccl_min(ok)
+    if ok.item() != 1:
+        log.warning("custom all-reduce off (its check failed on some rank); NCCL does every all-reduce")
+        car.close()
+        return None
+    return car

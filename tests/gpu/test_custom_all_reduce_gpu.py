@@ -1,0 +1,86 @@
+"""The one-shot custom all-reduce on 2 GPUs: exact sums, mixed with NCCL, inside replayed CUDA graphs."""
+
+from datetime import timedelta
+
+import pytest
+import torch
+
+from minivllm.utils.rank_procs import run_ranks
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
+
+SIZES = [(1, torch.bfloat16), (4096, torch.bfloat16), (4097, torch.float16), (300_000, torch.float32),
+         (1 << 20, torch.bfloat16), (4096, torch.bfloat16)]
+
+
+def _input(i: int, rank: int, n: int, dtype, dev) -> torch.Tensor:
+    return torch.randn(n, device=dev, generator=torch.Generator(dev).manual_seed(100 * i + rank)).to(dtype)
+
+
+def _want(i: int, n: int, dtype, dev) -> torch.Tensor:
+    return sum(_input(i, r, n, dtype, dev).float() for r in range(2)).to(dtype)  # rank order, one rounding
+
+
+def _worker(rank: int, world: int, port: int) -> dict:
+    import torch.distributed as dist
+
+    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
+    from minivllm.utils.pynccl import NcclCommunicator
+
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
+    comm = NcclCommunicator(store, rank, 2, dev)
+    car = create_custom_all_reduce(store, rank, 2, dev, lambda t: comm.all_reduce(t, "min"))
+    out = {"created": car is not None}
+    eager = []
+    for i, (n, dtype) in enumerate(SIZES):  # eager, with a NCCL all-reduce between custom ones
+        x = _input(i, rank, n, dtype, dev)
+        car.all_reduce(x)
+        y = torch.ones(3, device=dev)
+        comm.all_reduce(y)
+        eager.append(bool(torch.equal(x, _want(i, n, dtype, dev))) and y.tolist() == [2.0] * 3)
+    out["eager"] = eager
+    # a graph with two custom all-reduces and a NCCL one, replayed with new inputs
+    a = torch.zeros(8192, device=dev, dtype=torch.bfloat16)
+    b = torch.zeros(100_000, device=dev, dtype=torch.float32)
+    c = torch.zeros(10, device=dev)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for t, f in ((a, car.all_reduce), (b, car.all_reduce), (c, comm.all_reduce)):
+            f(t)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        car.all_reduce(a)
+        comm.all_reduce(c)
+        car.all_reduce(b)
+    replays = []
+    for step in range(5):
+        i = 10 + step
+        a.copy_(_input(i, rank, a.numel(), a.dtype, dev))
+        b.copy_(_input(i + 50, rank, b.numel(), b.dtype, dev))
+        c.fill_(rank + step)
+        graph.replay()
+        torch.cuda.synchronize(dev)
+        replays.append(bool(torch.equal(a, _want(i, a.numel(), a.dtype, dev)))
+                       and bool(torch.equal(b, _want(i + 50, b.numel(), b.dtype, dev)))
+                       and c.tolist() == [2.0 * step + 1] * 10)
+    out["replays"] = replays
+    out["counters"] = car.counters.tolist()
+    del graph
+    car.close()
+    comm.abort()
+    return out
+
+
+def test_custom_all_reduce_exact_eager_and_in_cuda_graph():
+    results = run_ranks(_worker, 2, timeout=120)
+    for rank in (0, 1):
+        r = results[rank]
+        assert isinstance(r, dict), r
+        assert r["created"] and r["eager"] == [True] * len(SIZES) and r["replays"] == [True] * 5
+        # 1 setup check + the eager calls + 2 warm-ups + 2 per replay, on every program
+        assert set(r["counters"]) == {1 + len(SIZES) + 2 + 2 * 5}

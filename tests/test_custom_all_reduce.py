@@ -1,0 +1,158 @@
+"""The one-shot all-reduce kernel's protocol, on the CPU: ranks are processes, buffers are shared memory.
+
+Under ``TRITON_INTERPRET=1`` a kernel reads and writes raw host addresses, so processes that map
+the same files play the GPUs that map each other's IPC buffers: each runs the real kernel (flags,
+epochs, the two buffer halves) on its own mapping addresses. The GPU run is in ``tests/gpu``.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import tempfile
+import threading
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.triton
+
+CAPACITY = 64 * 1024  # bytes per buffer half
+PROGRAMS = 3
+# (numel, dtype): sizes that leave programs idle, span several chunks per program, end mid-block
+CALLS = [(1000, torch.float32), (4096, torch.bfloat16), (1, torch.float32), (5000, torch.float16),
+         (16384, torch.float32), (37, torch.bfloat16), (3000, torch.float32), (4096, torch.bfloat16)]
+
+
+def _inputs(call: int, rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * call + rank)
+    return torch.randn(numel, generator=g).to(dtype)
+
+
+def expected_sum(call: int, world: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The kernel's definition: float32, in rank order, one rounding at the end.
+
+    NOTE: Triton's interpreter casts float32 to bfloat16 by dropping the low 16 bits (a GPU rounds
+    to nearest even, checked in ``tests/gpu``), so under it the expectation truncates too.
+    """
+    acc = torch.zeros(numel, dtype=torch.float32)
+    for r in range(world):
+        acc += _inputs(call, r, numel, dtype).float()
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        return (acc.view(torch.int32) & -65536).view(torch.float32).to(dtype)  # exact: low bits are zero
+    return acc.to(dtype)
+
+
+def _map(path: str, nbytes: int) -> torch.Tensor:
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+
+
+def _rank_main(rank: int, world: int, paths: list[tuple[str, str]], queue) -> None:
+    try:
+        from minivllm.utils.custom_all_reduce import CustomAllReduce
+
+        maps = [(_map(d, 2 * CAPACITY), _map(f, PROGRAMS * world * 4)) for d, f in paths]  # keep them mapped
+        car = CustomAllReduce(rank, world, [d.data_ptr() for d, _ in maps], [f.data_ptr() for _, f in maps],
+                              torch.device("cpu"), CAPACITY, CAPACITY, programs=PROGRAMS)
+        results = []
+        for call, (numel, dtype) in enumerate(CALLS):
+            x = _inputs(call, rank, numel, dtype)
+            car.all_reduce(x)  # in place
+            results.append(x)
+        buf = io.BytesIO()
+        torch.save(results, buf)  # NOTE: as bytes: a tensor in a queue would outlive this process as a shared fd
+        queue.put((rank, buf.getvalue(), car.counters.tolist()))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        queue.put((rank, repr(e), None))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_one_shot_all_reduce_across_processes(world):
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(dir=shm) as tmp:
+        paths = []
+        for r in range(world):
+            d, f = os.path.join(tmp, f"data{r}"), os.path.join(tmp, f"flags{r}")
+            for path, size in ((d, 2 * CAPACITY), (f, PROGRAMS * world * 4)):
+                with open(path, "wb") as fh:
+                    fh.truncate(size)  # zeros: flags start at epoch 0
+            paths.append((d, f))
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_rank_main, args=(r, world, paths, queue), daemon=True) for r in range(world)]
+        for p in procs:
+            p.start()
+        try:
+            got = {}
+            for _ in procs:
+                rank, results, counters = queue.get(timeout=240)
+                got[rank] = (results if isinstance(results, str) else torch.load(io.BytesIO(results)), counters)
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+    for rank in range(world):
+        results, counters = got[rank]
+        assert not isinstance(results, str), f"rank {rank} failed: {results}"
+        assert counters == [len(CALLS)] * PROGRAMS  # every program counted every call
+        for call, ((numel, dtype), y) in enumerate(zip(CALLS, results)):
+            want = expected_sum(call, world, numel, dtype)
+            assert y.dtype == dtype and torch.equal(y, want), f"rank {rank} call {call}"
+            assert torch.equal(y, got[0][0][call])  # the same bits on every rank
+
+
+def _lonely(capacity: int = 4096):
+    """Rank 0 of 2 whose peer never comes: buffers are plain tensors in this process."""
+    from minivllm.utils.custom_all_reduce import CustomAllReduce
+
+    bufs = [torch.zeros(2 * capacity, dtype=torch.uint8) for _ in range(2)]
+    flags = [torch.zeros(PROGRAMS * 2, dtype=torch.int32) for _ in range(2)]
+    car = CustomAllReduce(0, 2, [b.data_ptr() for b in bufs], [f.data_ptr() for f in flags],
+                          torch.device("cpu"), capacity, capacity, programs=PROGRAMS)
+    return car, (bufs, flags)
+
+
+def test_abort_ends_a_wait_for_a_peer_that_never_comes():
+    car, keep = _lonely()
+    threading.Timer(0.5, car.abort).start()
+    t = time.monotonic()
+    car.all_reduce(torch.ones(100))
+    assert time.monotonic() - t < 60
+    assert car.abort_flag.item() == 1
+    # the flags it raised for the peer are this call's epoch
+    assert keep[1][1].view(PROGRAMS, 2)[:, 0].tolist() == [1] * PROGRAMS
+
+
+def test_fits_and_clear_errors():
+    car, _keep = _lonely(capacity=4096)
+    assert car.fits(torch.ones(1024))  # 4 KB
+    assert not car.fits(torch.ones(1025))  # over the capacity: NCCL's
+    assert not car.fits(torch.ones(10, dtype=torch.int64))
+    assert not car.fits(torch.ones(8, 8).t())
+    assert not car.fits(torch.ones(0))
+    with pytest.raises(ValueError, match="at most 4096 bytes"):
+        car.all_reduce(torch.ones(2000))
+    car.close()
+    assert not car.fits(torch.ones(4))
+    with pytest.raises(ValueError, match="one data and one flag buffer per rank"):
+        type(car)(0, 2, [1], [2, 3], torch.device("cpu"), 64, 64)
+
+
+def test_switch_and_max_bytes(monkeypatch):
+    from minivllm.utils.custom_all_reduce import DEFAULT_CAPACITY, default_max_bytes
+    from minivllm.utils.parallel import custom_all_reduce_enabled
+
+    monkeypatch.delenv("MINIVLLM_CUSTOM_AR", raising=False)
+    monkeypatch.delenv("MINIVLLM_CUSTOM_AR_MAX_KB", raising=False)
+    assert custom_all_reduce_enabled()
+    assert default_max_bytes(2) == DEFAULT_CAPACITY and default_max_bytes(4) < DEFAULT_CAPACITY
+    monkeypatch.setenv("MINIVLLM_CUSTOM_AR_MAX_KB", "16")
+    assert default_max_bytes(2) == 16 * 1024
+    monkeypatch.setenv("MINIVLLM_CUSTOM_AR", "0")
+    assert not custom_all_reduce_enabled()
+    monkeypatch.setenv("MINIVLLM_CUSTOM_AR", "yes")
+    with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR"):
+        custom_all_reduce_enabled()
