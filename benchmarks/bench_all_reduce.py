@@ -3,43 +3,27 @@
     PYTHONPATH=. python benchmarks/bench_all_reduce.py --world 2
 
 One process per GPU. Each size is checked first (custom == the float32 sum of every rank's input,
-the same bits on every rank), then timed as a CUDA graph of ``--calls`` in-place all-reduces
-replayed ``--iters`` times (what a decode step's graph does): microseconds per all-reduce.
+the same bits on every rank, for every kernel configuration in ``--configs``), then timed as a
+CUDA graph of ``--calls`` in-place all-reduces replayed ``--iters`` times (what a decode step's
+graph does): microseconds per all-reduce.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from datetime import timedelta
 
 import torch
 
 from minivllm.utils.rank_procs import run_ranks
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from graph_timing import time_in_graph  # noqa: E402
+
 SIZES_KB = [8, 32, 128, 512, 1024, 2048, 4096, 8192]
-
-
-def _time_graph(fn, x: torch.Tensor, calls: int, iters: int) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(x)  # compile / connect outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    del graph
-    return 1000 * start.elapsed_time(end) / (iters * calls)
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
@@ -52,32 +36,40 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[d
     torch.cuda.set_device(dev)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=120))
     comm = NcclCommunicator(store, rank, world, dev)
-    car = create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"))
-    if car is None:
-        raise RuntimeError("custom all-reduce setup failed (see the warning above)")
+    cars = []
+    for i, cfg in enumerate(args.configs):
+        programs, block, warps = (int(v) for v in cfg.split("x"))
+        cars.append(create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"),
+                                             tag=str(i), programs=programs, block=block, num_warps=warps))
+        if cars[-1] is None:
+            raise RuntimeError(f"custom all-reduce setup failed for {cfg} (see the warning above)")
     rows = []
     for kb in args.sizes_kb:
         n = kb * 1024 // 2
-        if n * 2 > car.max_bytes:
-            car.max_bytes = n * 2  # NOTE: the benchmark also times sizes past the engine's switch-over
-        if n * 2 > car.capacity:
+        if n * 2 > min(c.capacity for c in cars):
             break
+        for c in cars:
+            c.max_bytes = max(c.max_bytes, n * 2)  # NOTE: also times sizes past the engine's switch-over
         inputs = [torch.randn(n, device=dev, generator=torch.Generator(dev).manual_seed(kb * 10 + r))
                   .to(torch.bfloat16) for r in range(world)]
         want = torch.stack([t.float() for t in inputs]).sum(0).to(torch.bfloat16)
-        x = inputs[rank].clone()
-        car.all_reduce(x)
+        exact = True
+        for c in cars:
+            x = inputs[rank].clone()
+            c.all_reduce(x)
+            torch.cuda.synchronize()
+            exact &= bool(torch.equal(x, want))
         y = inputs[rank].clone()
         comm.all_reduce(y)
         torch.cuda.synchronize()
-        exact = bool(torch.equal(x, want))
         nccl_err = (y.float() - want.float()).abs().max().item()
         z = torch.zeros(n, device=dev, dtype=torch.bfloat16)
-        t_nccl = _time_graph(comm.all_reduce, z, args.calls, args.iters)
-        t_custom = _time_graph(car.all_reduce, z, args.calls, args.iters)
+        t_nccl = time_in_graph(lambda z=z: comm.all_reduce(z), args.calls, args.iters)
+        t_custom = [time_in_graph(lambda c=c, z=z: c.all_reduce(z), args.calls, args.iters) for c in cars]
         rows.append({"kb": kb, "nccl_us": t_nccl, "custom_us": t_custom, "custom_exact": exact,
                      "nccl_max_err": nccl_err})
-    car.close()
+    for c in cars:
+        c.close()
     comm.abort()
     return rows
 
@@ -86,6 +78,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--sizes-kb", type=int, nargs="+", default=SIZES_KB)
+    ap.add_argument("--configs", nargs="+", default=["64x2048x8"],
+                    help="custom kernel configurations PROGRAMSxBLOCKxWARPS (the first is the engine's)")
     ap.add_argument("--calls", type=int, default=20, help="all-reduces per CUDA graph")
     ap.add_argument("--iters", type=int, default=50, help="graph replays timed")
     ap.add_argument("--timeout", type=float, default=240)
@@ -97,11 +91,12 @@ def main() -> None:
         raise SystemExit(f"failed: {results}")
     print(f"all-reduce of bf16 over {args.world} x {torch.cuda.get_device_name(0)} (CUDA graph of {args.calls}, "
           f"{args.iters} replays)")
-    print(f"{'KB':>6}{'NCCL us':>10}{'custom us':>11}{'speedup':>9}{'custom exact':>14}{'NCCL max err':>14}")
+    print(f"{'KB':>6}{'NCCL us':>10}" + "".join(f"{c:>12}" for c in args.configs)
+          + f"{'best x':>8}{'exact':>7}{'NCCL err':>10}")
     for i, r in enumerate(rows):
-        exact = all(results[k][i]["custom_exact"] for k in results)  # every rank got the exact sum
-        print(f"{r['kb']:>6}{r['nccl_us']:>10.2f}{r['custom_us']:>11.2f}{r['nccl_us'] / r['custom_us']:>8.2f}x"
-              f"{str(exact):>14}{r['nccl_max_err']:>14.3g}")
+        exact = all(results[k][i]["custom_exact"] for k in results)  # every rank, every configuration
+        print(f"{r['kb']:>6}{r['nccl_us']:>10.2f}" + "".join(f"{t:>12.2f}" for t in r["custom_us"])
+              + f"{r['nccl_us'] / min(r['custom_us']):>7.2f}x{str(exact):>7}{r['nccl_max_err']:>10.3g}")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"world": args.world, "rows": rows, "by_rank": results}, f, indent=1)

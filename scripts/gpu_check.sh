@@ -2,9 +2,11 @@
 # The GPU suite and the benchmarks in one call, with a short table printed last.
 #   bash scripts/gpu_check.sh [SECTION ...]
 # sections: tests fp8kv bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
-#           tptests tpdebug pynccl car tpab tpfp8 tpprofile tp tp32
-#   car: the custom all-reduce's GPU test, then its latency against NCCL (bench_all_reduce.py)
+#           tptests tpdebug pynccl car gemv tpab tpgemv tpfp8 tpprofile tp tp32
+#   car: the custom all-reduce's GPU test, then its latency against NCCL (bench_all_reduce.py, $AR_CONFIGS)
+#   gemv: the Triton GEMV's GPU tests, then its speed against cuBLAS (bench_gemv.py, $GEMV_CONFIGS)
 #   tpab: Qwen3-8B at TP=2 with the custom all-reduce off (NCCL only), to compare with tp
+#   tpgemv: Qwen3-8B at TP=2 with the Triton GEMV off (cuBLAS only), to compare with tp
 #   tpfp8: Qwen3-8B at TP=2 with an FP8 KV cache
 #   tpprofile: profile_step.py on Qwen3-8B at TP=2 (host phases, rank 0's kernels)
 #   fp8kv: the nano workloads with an FP8 (e4m3) KV cache
@@ -57,7 +59,10 @@ for s in $sections; do
              grep -v "^frame" "$R/tp_debug.log" | tail -40; nvidia-smi --query-compute-apps=pid,used_memory --format=csv ;;
     pynccl) timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pynccl_gpu.py > "$R/pynccl.log" 2>&1; tail -5 "$R/pynccl.log" ;;
     car) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_custom_all_reduce_gpu.py > "$R/car.log" 2>&1; tail -5 "$R/car.log"
-         timeout 150 python3 benchmarks/bench_all_reduce.py --world 2 --json-out "$R/all_reduce.json" 2>&1 | tail -12 ;;
+         timeout 150 python3 benchmarks/bench_all_reduce.py --world 2 ${AR_CONFIGS:+--configs $AR_CONFIGS} --json-out "$R/all_reduce.json" 2>&1 | tail -12 ;;
+    gemv) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemv_gpu.py > "$R/gemv.log" 2>&1; tail -3 "$R/gemv.log"
+          timeout 150 python3 benchmarks/bench_gemv.py ${GEMV_CONFIGS:+--configs $GEMV_CONFIGS} > "$R/gemv_bench.txt" 2>&1; tail -12 "$R/gemv_bench.txt" ;;
+    tpgemv) MINIVLLM_GEMV=0 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_cublas.json" 2>&1 | tail -4 ;;
     tpab) MINIVLLM_CUSTOM_AR=0 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_nccl_only.json" 2>&1 | tail -4 ;;
     tpfp8) timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --kv-cache-dtype fp8 --json-out "$R/tp_8b_fp8kv.json" 2>&1 | tail -4 ;;
     tpprofile) timeout 240 python3 benchmarks/profile_step.py --model benchmarks/configs/qwen3-8b --tp 2 > "$R/tp_profile_8b.txt" 2>&1;

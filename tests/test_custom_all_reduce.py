@@ -19,7 +19,7 @@ import torch
 
 pytestmark = pytest.mark.triton
 
-CAPACITY = 64 * 1024  # bytes per buffer half
+CAPACITY = 64 * 1024  # bytes per buffer slot
 PROGRAMS = 3
 # (numel, dtype): sizes that leave programs idle, span several chunks per program, end mid-block
 CALLS = [(1000, torch.float32), (4096, torch.bfloat16), (1, torch.float32), (5000, torch.float16),
@@ -53,9 +53,9 @@ def _rank_main(rank: int, world: int, paths: list[tuple[str, str]], queue) -> No
     try:
         from minivllm.utils.custom_all_reduce import CustomAllReduce
 
-        maps = [(_map(d, 2 * CAPACITY), _map(f, PROGRAMS * world * 4)) for d, f in paths]  # keep them mapped
+        maps = [(_map(d, 2 * world * CAPACITY), _map(f, PROGRAMS * world * 4)) for d, f in paths]  # keep mapped
         car = CustomAllReduce(rank, world, [d.data_ptr() for d, _ in maps], [f.data_ptr() for _, f in maps],
-                              torch.device("cpu"), CAPACITY, CAPACITY, programs=PROGRAMS)
+                              torch.device("cpu"), CAPACITY, CAPACITY, programs=PROGRAMS, block=1024, num_warps=4)
         results = []
         for call, (numel, dtype) in enumerate(CALLS):
             x = _inputs(call, rank, numel, dtype)
@@ -75,7 +75,7 @@ def test_one_shot_all_reduce_across_processes(world):
         paths = []
         for r in range(world):
             d, f = os.path.join(tmp, f"data{r}"), os.path.join(tmp, f"flags{r}")
-            for path, size in ((d, 2 * CAPACITY), (f, PROGRAMS * world * 4)):
+            for path, size in ((d, 2 * world * CAPACITY), (f, PROGRAMS * world * 4)):
                 with open(path, "wb") as fh:
                     fh.truncate(size)  # zeros: flags start at epoch 0
             paths.append((d, f))
@@ -108,7 +108,7 @@ def _lonely(capacity: int = 4096):
     """Rank 0 of 2 whose peer never comes: buffers are plain tensors in this process."""
     from minivllm.utils.custom_all_reduce import CustomAllReduce
 
-    bufs = [torch.zeros(2 * capacity, dtype=torch.uint8) for _ in range(2)]
+    bufs = [torch.zeros(2 * 2 * capacity, dtype=torch.uint8) for _ in range(2)]
     flags = [torch.zeros(PROGRAMS * 2, dtype=torch.int32) for _ in range(2)]
     car = CustomAllReduce(0, 2, [b.data_ptr() for b in bufs], [f.data_ptr() for f in flags],
                           torch.device("cpu"), capacity, capacity, programs=PROGRAMS)

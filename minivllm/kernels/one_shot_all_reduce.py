@@ -1,20 +1,22 @@
 """One-shot all-reduce for small messages (Triton), over buffers every rank can address.
 
-Each rank copies its input into its own exchange buffer, tells every peer so with a flag, waits
-for the peers' flags, then reads all ``world`` buffers and writes the sum. One kernel, one round
-of flags: for the 8 KB to few-MB messages of tensor-parallel decoding this takes a few
-microseconds where a NCCL all-reduce takes tens (vLLM's and SGLang's custom all-reduce).
+Each rank writes its input into its slot of every peer's exchange buffer (remote stores are
+posted, so NVLink bandwidth, not latency, bounds them), raises a flag on each peer, waits for the
+peers' flags, then sums the ``world`` slots of its own buffer, all local now. One kernel, one
+round of flags: a few microseconds for the 8 KB messages of tensor-parallel decoding, where a
+NCCL all-reduce takes tens (the idea of vLLM's, SGLang's and TensorRT-LLM's custom all-reduce).
 
 ``ptrs`` (int64, on the kernel's device) holds the addresses: ``ptrs[0:W]`` every rank's data
-buffer (two halves of ``cap`` elements), ``ptrs[W:2W]`` every rank's flags (int32, one row of
-``W`` per program), ``ptrs[2W]`` an abort flag (pinned host memory on GPUs) that ends the waits.
+buffer (two halves of ``W`` slots of ``cap`` elements), ``ptrs[W:2W]`` every rank's flags (int32,
+one row of ``W`` per program), ``ptrs[2W]`` an abort flag (pinned host memory on GPUs) that ends
+the waits.
 
 NOTE (the protocol):
 * program ``pid`` of every rank handles the same chunks (the grid is the same on every rank and
   every call), so it only waits for program ``pid`` of the peers;
 * ``counters[pid]`` (this rank's, local) counts the calls, so call ``e`` raises the flags to ``e``
   and waits until they are ``>= e``: flags are never reset;
-* call ``e`` writes buffer half ``e % 2``. A peer can still be reading half ``e % 2`` of call
+* call ``e`` writes buffer half ``e % 2``. A peer can still be reading its half ``e % 2`` of call
   ``e - 2`` only if it has not finished that kernel, but this rank's call ``e - 1`` waited for
   that peer's call ``e - 1``, which starts after its call ``e - 2`` ends: no end barrier needed;
 * the sum runs in rank order in float32, so every rank gets the same bits.
@@ -34,7 +36,7 @@ def _one_shot_all_reduce_kernel(
     x_ptr,  # [n] this rank's input
     out_ptr,  # [n] the sum (may be x_ptr)
     n,
-    cap,  # elements in each half of a data buffer
+    cap,  # elements in each slot of a data buffer
     ptrs,  # [2W + 1] int64 addresses, see the module docstring
     counters,  # [grid] int32, this rank's call count per program
     RANK: tl.constexpr,
@@ -46,12 +48,15 @@ def _one_shot_all_reduce_kernel(
     step = tl.num_programs(0) * BLOCK
     dt = x_ptr.dtype.element_ty
     epoch = tl.load(counters + pid) + 1
-    base = (epoch % 2).to(tl.int64) * cap
-    own = tl.load(ptrs + RANK).to(tl.pointer_type(dt))
-    for start in range(pid * BLOCK, n, step):
+    half = (epoch % 2).to(tl.int64) * WORLD * cap
+    for start in range(pid * BLOCK, n, step):  # push: my input into slot RANK of every peer's buffer
         offs = start + tl.arange(0, BLOCK)  # [BLOCK]
         mask = offs < n
-        tl.store(own + base + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+        x = tl.load(x_ptr + offs, mask=mask)
+        for p in tl.static_range(WORLD):
+            if p != RANK:
+                dst = tl.load(ptrs + p).to(tl.pointer_type(dt))
+                tl.store(dst + half + RANK * cap + offs, x, mask=mask)
     tl.debug_barrier()  # NOTE: every thread's stores happen before the release below
     flags = tl.load(ptrs + WORLD + RANK).to(tl.pointer_type(tl.int32)) + pid * WORLD
     for p in tl.static_range(WORLD):
@@ -70,23 +75,26 @@ def _one_shot_all_reduce_kernel(
                 if spins % CHECK_EVERY == 0:
                     stop = tl.load(abort, volatile=True)
     tl.debug_barrier()  # NOTE: the peers' data is read after the acquire above
-    for start in range(pid * BLOCK, n, step):
+    own = tl.load(ptrs + RANK).to(tl.pointer_type(dt)) + half
+    for start in range(pid * BLOCK, n, step):  # every slot is local now: sum them in rank order
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for p in tl.static_range(WORLD):
-            src = tl.load(ptrs + p).to(tl.pointer_type(dt))
             if p == RANK:
-                acc += tl.load(src + base + offs, mask=mask, other=0.0).to(tl.float32)
+                acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             else:
-                acc += tl.load(src + base + offs, mask=mask, other=0.0, cache_modifier=".cv").to(tl.float32)
+                acc += tl.load(own + p * cap + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         tl.store(out_ptr + offs, acc.to(dt), mask=mask)
     tl.store(counters + pid, epoch)
 
 
 def one_shot_all_reduce(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, counters: torch.Tensor,
-                        cap: int, rank: int, world: int, block: int = 1024) -> None:
-    """Launch the kernel with one program per entry of ``counters`` (the same count on every rank)."""
+                        cap: int, rank: int, world: int, block: int = 2048, num_warps: int = 8) -> None:
+    """Launch the kernel with one program per entry of ``counters`` (the same count on every rank).
+
+    ``cap``: elements of ``x``'s dtype in one slot of a data buffer.
+    """
     _one_shot_all_reduce_kernel[(counters.numel(),)](
         x, out, x.numel(), cap, ptrs, counters, RANK=rank, WORLD=world, BLOCK=block,
-        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, num_warps=4)
+        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, num_warps=num_warps)

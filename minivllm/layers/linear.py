@@ -6,11 +6,25 @@ copies this rank's slice of the full (unsharded) checkpoint tensor into it.
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minivllm.utils.parallel import current_tp_group, divide, tp_rank, tp_size
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear``, or the Triton GEMV for the few-row inputs of decoding on GPUs (``kernels/gemv.py``)."""
+    if _HAS_TRITON and x.is_cuda and x.dim() == 2 and x.shape[0] <= 16:
+        from minivllm.kernels.gemv import gemv, use_gemv  # NOTE: here: triton is an optional dependency
+
+        if use_gemv(x, weight):
+            return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class LinearBase(nn.Module):
@@ -33,7 +47,7 @@ class LinearBase(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -105,7 +119,7 @@ class RowParallelLinear(LinearBase):
         super().weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias)
         if self.tp_size > 1:
             self.tp_group.all_reduce(y)
         return y

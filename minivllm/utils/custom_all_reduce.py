@@ -22,15 +22,15 @@ from minivllm.kernels.one_shot_all_reduce import one_shot_all_reduce
 
 log = logging.getLogger(__name__)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-DEFAULT_CAPACITY = 8 << 20  # bytes in each half of a rank's data buffer
-DEFAULT_PROGRAMS = 32
+DEFAULT_CAPACITY = 8 << 20  # bytes in each slot of a rank's data buffer (2 halves x world slots)
+DEFAULT_PROGRAMS = 64
 
 
 def default_max_bytes(world: int) -> int:
     """Largest message sent through the one-shot kernel (``MINIVLLM_CUSTOM_AR_MAX_KB`` overrides).
 
-    NOTE: one-shot makes every rank read ``world - 1`` peer buffers, so NCCL's ring wins sooner as
-    the world grows; 8 MiB at 2 ranks, 2 MiB beyond, until measured otherwise.
+    NOTE: one-shot makes every rank send its whole input to ``world - 1`` peers, so NCCL's ring
+    wins sooner as the world grows; 8 MiB at 2 ranks, 2 MiB beyond (not measured above 2 ranks).
     """
     env = os.environ.get("MINIVLLM_CUSTOM_AR_MAX_KB")
     if env is not None:
@@ -42,7 +42,10 @@ class CustomAllReduce:
     """One rank's handle on the exchange buffers of a group; ``all_reduce`` works in place."""
 
     def __init__(self, rank: int, world: int, data_ptrs: list[int], flag_ptrs: list[int], device: torch.device,
-                 capacity_bytes: int, max_bytes: int, programs: int = DEFAULT_PROGRAMS, on_close=None):
+                 capacity_bytes: int, max_bytes: int, programs: int = DEFAULT_PROGRAMS, block: int = 2048,
+                 num_warps: int = 8, on_close=None):
+        """``data_ptrs[r]``: rank r's ``2 * world * capacity_bytes`` data buffer at this process's address;
+        ``flag_ptrs[r]``: its ``programs * world`` int32 flags (zeroed before any rank's first call)."""
         if len(data_ptrs) != world or len(flag_ptrs) != world:
             raise ValueError(f"need one data and one flag buffer per rank ({world}), got "
                              f"{len(data_ptrs)} and {len(flag_ptrs)}")
@@ -53,6 +56,7 @@ class CustomAllReduce:
         self.ptrs = torch.tensor(data_ptrs + flag_ptrs + [self.abort_flag.data_ptr()], dtype=torch.int64,
                                  device=self.device)  # [2W + 1]
         self.counters = torch.zeros(programs, dtype=torch.int32, device=self.device)  # [programs]
+        self.block, self.num_warps = block, num_warps
         self._on_close = on_close
 
     def fits(self, t: torch.Tensor) -> bool:
@@ -65,7 +69,8 @@ class CustomAllReduce:
         if not self.fits(t):
             raise ValueError(f"custom all-reduce takes a contiguous {DTYPES} tensor on {self.device} of at most "
                              f"{self.max_bytes} bytes; got {t.dtype}, {t.numel() * t.element_size()} bytes on {t.device}")
-        one_shot_all_reduce(t, t, self.ptrs, self.counters, self.capacity // t.element_size(), self.rank, self.world)
+        one_shot_all_reduce(t, t, self.ptrs, self.counters, self.capacity // t.element_size(), self.rank, self.world,
+                            self.block, self.num_warps)
 
     def abort(self) -> None:
         """End every wait of running and future kernels (a peer died); results are garbage from then on."""
@@ -96,21 +101,26 @@ def _gather(store, key: str, value: bytes, rank: int, world: int, stop) -> list[
 
 
 def create_custom_all_reduce(store, rank: int, world: int, device: torch.device, nccl_min, stop=lambda: False,
-                             capacity_bytes: int = DEFAULT_CAPACITY, check_timeout_s: float = 30.0
+                             capacity_bytes: int | None = None, check_timeout_s: float = 30.0, tag: str = "",
+                             **kernel
                              ) -> CustomAllReduce | None:
     """Exchange buffers over CUDA IPC; every rank returns a ``CustomAllReduce`` or every rank None.
 
-    ``nccl_min(t)`` all-reduces an int tensor with MIN over the group (the ranks' verdict).
+    ``nccl_min(t)`` all-reduces an int tensor with MIN over the group (the ranks' verdict); ``tag``
+    keeps the store keys of several instances over one store apart; ``kernel``: ``programs``,
+    ``block``, ``num_warps`` of ``CustomAllReduce``.
     """
     from minivllm.utils.cuda_ipc import IpcBuffer, close_ipc_handle, open_ipc_handle
 
+    capacity_bytes = capacity_bytes or (DEFAULT_CAPACITY if world <= 2 else DEFAULT_CAPACITY // 2)
+    programs = kernel.get("programs", DEFAULT_PROGRAMS)
     own: list[IpcBuffer] = []
     try:
-        own = [IpcBuffer(2 * capacity_bytes, device), IpcBuffer(DEFAULT_PROGRAMS * world * 4, device)]
+        own = [IpcBuffer(2 * world * capacity_bytes, device), IpcBuffer(programs * world * 4, device)]
         payload = own[0].handle + own[1].handle
     except Exception as e:  # noqa: BLE001 - reported to the peers, then NCCL does the work
         payload = b"fail: " + str(e).encode()
-    handles = _gather(store, "handles", payload, rank, world, stop)
+    handles = _gather(store, f"handles{tag}", payload, rank, world, stop)
     opened: list[int] = []
 
     def release() -> None:
@@ -138,14 +148,14 @@ def create_custom_all_reduce(store, rank: int, world: int, device: torch.device,
         status = b"ok"
     except Exception as e:  # noqa: BLE001
         status = b"fail: " + str(e).encode()
-    statuses = _gather(store, "opened", status, rank, world, stop)
+    statuses = _gather(store, f"opened{tag}", status, rank, world, stop)
     if any(s != b"ok" for s in statuses):
         log.warning("custom all-reduce off (peer buffers not mapped: %s); NCCL does every all-reduce",
                     next(s for s in statuses if s != b"ok").decode(errors="replace"))
         release()
         return None
     car = CustomAllReduce(rank, world, data, flags, device, capacity_bytes, default_max_bytes(world),
-                          on_close=release)
+                          on_close=release, **kernel)
     # the first sum, under a watchdog that aborts its waits: a wrong sum or a stall on any rank turns it off
     x = torch.full((4096,), float(rank + 1), device=device, dtype=torch.bfloat16)
     timer = threading.Timer(check_timeout_s, car.abort)

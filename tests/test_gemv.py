@@ -1,0 +1,45 @@
+"""The Triton GEMV (few-row linear) against a float32 torch reference; interpreter on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm.kernels.gemv import MAX_ROWS, gemv
+
+pytestmark = pytest.mark.triton
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ULP = {torch.float32: 2.0**-20, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (3, 100, 300), (16, 40, 96), (2, 33, 1000)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_matches_float32_reference(dtype, m, n, k, bias):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
+    b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
+    out = gemv(x, w, b, config=(16, 64, 2, 4))  # small tiles: several programs and K steps
+    ref = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())  # [m, n]
+    assert out.shape == (m, n) and out.dtype == dtype
+    # float32 accumulation, one rounding to the output dtype (float32: TF32-free on the CPU only)
+    tol = ULP[dtype] if DEVICE == "cpu" or dtype != torch.float32 else 2e-3
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+def test_gemv_strided_rows_and_default_config():
+    x = torch.randn(4, 512)[:, :256]  # rows with a stride of 512
+    w = torch.randn(48, 256) / 16
+    out = gemv(x.to(DEVICE), w.to(DEVICE))
+    torch.testing.assert_close(out.cpu(), x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_gemv_rejects_bad_shapes():
+    w = torch.randn(8, 32)
+    with pytest.raises(ValueError, match="x \\[M, K\\] and w \\[N, K\\]"):
+        gemv(torch.randn(2, 16), w)
+    with pytest.raises(ValueError, match=f"at most {MAX_ROWS} rows"):
+        gemv(torch.randn(MAX_ROWS + 1, 32), w)
+    with pytest.raises(ValueError, match="contiguous columns"):
+        gemv(torch.randn(32, 2).t(), w)
