@@ -66,14 +66,17 @@ def _one_shot_all_reduce_kernel(
     abort = tl.load(ptrs + 2 * WORLD).to(tl.pointer_type(tl.int32))
     for p in tl.static_range(WORLD):
         if p != RANK:
-            seen = tl.atomic_add(flags + p, 0, sem="acquire", scope="sys")
+            # NOTE: spin on plain volatile loads (a sys-scope acquire per poll, from every program,
+            # slowed the peers' incoming stores), then one acquire once the flag is up
+            seen = tl.load(flags + p, volatile=True)
             stop = tl.zeros([], dtype=tl.int32)
             spins = tl.zeros([], dtype=tl.int32)
             while (seen < epoch) & (stop == 0):
-                seen = tl.atomic_add(flags + p, 0, sem="acquire", scope="sys")
+                seen = tl.load(flags + p, volatile=True)
                 spins += 1
                 if spins % CHECK_EVERY == 0:
                     stop = tl.load(abort, volatile=True)
+            tl.atomic_add(flags + p, 0, sem="acquire", scope="sys")
     tl.debug_barrier()  # NOTE: the peers' data is read after the acquire above
     own = tl.load(ptrs + RANK).to(tl.pointer_type(dt)) + half
     for start in range(pid * BLOCK, n, step):  # every slot is local now: sum them in rank order
