@@ -2,11 +2,13 @@
 # The GPU suite and the benchmarks in one call, with a short table printed last.
 #   bash scripts/gpu_check.sh [SECTION ...]
 # sections: tests fp8kv bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
-#           tptests tpdebug pynccl car gemv tpab tpgemv tpfp8 tpprofile tp tp32
+#           tptests tpdebug pynccl car gemv tpab tpgemv tpsimple tpgpu tpfp8 tpprofile tp tp32
 #   car: the custom all-reduce's GPU test, then its latency against NCCL (bench_all_reduce.py, $AR_CONFIGS)
 #   gemv: the Triton GEMV's GPU tests, then its speed against cuBLAS (bench_gemv.py, $GEMV_CONFIGS)
 #   tpab: Qwen3-8B at TP=2 with the custom all-reduce off (NCCL only), to compare with tp
 #   tpgemv: Qwen3-8B at TP=2 with the Triton GEMV off (cuBLAS only), to compare with tp
+#   tpsimple: Qwen3-8B at TP=2 with NCCL_PROTO=Simple (the prefill all-reduces ran NCCL's LL protocol)
+#   tpgpu: the GPU tests of this session's TP work (custom all-reduce, GEMV, pynccl, TP, engine)
 #   tpfp8: Qwen3-8B at TP=2 with an FP8 KV cache
 #   tpprofile: profile_step.py on Qwen3-8B at TP=2 (host phases, rank 0's kernels)
 #   fp8kv: the nano workloads with an FP8 (e4m3) KV cache
@@ -62,6 +64,9 @@ for s in $sections; do
          timeout 150 python3 benchmarks/bench_all_reduce.py --world 2 ${AR_CONFIGS:+--configs $AR_CONFIGS} --json-out "$R/all_reduce.json" 2>&1 | tail -12 ;;
     gemv) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemv_gpu.py > "$R/gemv.log" 2>&1; tail -3 "$R/gemv.log"
           timeout 150 python3 benchmarks/bench_gemv.py ${GEMV_CONFIGS:+--configs $GEMV_CONFIGS} > "$R/gemv_bench.txt" 2>&1; tail -12 "$R/gemv_bench.txt" ;;
+    tpsimple) NCCL_PROTO=Simple timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_nccl_simple.json" 2>&1 | tail -4 ;;
+    tpgpu) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_custom_all_reduce_gpu.py tests/gpu/test_gemv_gpu.py \
+             tests/gpu/test_pynccl_gpu.py tests/gpu/test_tp_gpu.py tests/gpu/test_engine_gpu.py > "$R/tp_gpu_tests.log" 2>&1; tail -6 "$R/tp_gpu_tests.log" ;;
     tpgemv) MINIVLLM_GEMV=0 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_cublas.json" 2>&1 | tail -4 ;;
     tpab) MINIVLLM_CUSTOM_AR=0 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_nccl_only.json" 2>&1 | tail -4 ;;
     tpfp8) timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --kv-cache-dtype fp8 --json-out "$R/tp_8b_fp8kv.json" 2>&1 | tail -4 ;;

@@ -17,6 +17,9 @@ import triton
 import triton.language as tl
 
 MAX_ROWS = 16  # the dot's M tile; more rows go to cuBLAS
+# NOTE: measured faster than cuBLAS (2 x H200, 2026-11-22) from 8M-element weights up (the 8B layers,
+# TP=1 and 2); smaller ones (Qwen3-0.6B's) stay on cuBLAS, unmeasured here
+MIN_WEIGHT_NUMEL = 1 << 23
 ENABLED = os.environ.get("MINIVLLM_GEMV", "1") != "0"  # NOTE: read once, at import
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -76,9 +79,10 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int, int]:
 
 
 def use_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether ``linear(x, w)`` takes this kernel: CUDA, bf16/fp16, at most ``MAX_ROWS`` rows (``MINIVLLM_GEMV=0``: never)."""
+    """Whether ``linear(x, w)`` takes this kernel: CUDA, bf16/fp16, at most ``MAX_ROWS`` rows, a weight of at
+    least ``MIN_WEIGHT_NUMEL`` elements (``MINIVLLM_GEMV=0``: never)."""
     return (ENABLED and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in DTYPES
-            and w.dtype == x.dtype)
+            and w.dtype == x.dtype and w.numel() >= MIN_WEIGHT_NUMEL)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
