@@ -2,7 +2,9 @@
 # The GPU suite and the benchmarks in one call, with a short table printed last.
 #   bash scripts/gpu_check.sh [SECTION ...]
 # sections: tests fp8kv bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
-#           tptests tpdebug pynccl car gemv tpab tpgemv tpsimple tpgpu tpfp8 tpprofile tp tp32
+#           tptests tpdebug pynccl car gemv tpab tpgemv tpsimple tpgpu tpfp8 tpprofile tp tp32 topo tp4
+#   topo: nvidia-smi topo -m (how the GPUs are linked)
+#   tp4: on 4 GPUs, the custom all-reduce's and the TP GPU tests (TP=4 included), then all-reduce latency at 4 ranks
 #   car: the custom all-reduce's GPU test, then its latency against NCCL (bench_all_reduce.py, $AR_CONFIGS)
 #   gemv: the Triton GEMV's GPU tests, then its speed against cuBLAS (bench_gemv.py, $GEMV_CONFIGS)
 #   tpab: Qwen3-8B at TP=2 with the custom all-reduce off (NCCL only), to compare with tp
@@ -76,6 +78,10 @@ for s in $sections; do
     tp32) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout ${SIZE_TIMEOUT:-270} --model benchmarks/configs/qwen3-32b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_32b.json" 2>&1 | tail -12 ;;
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
     serve8b) timeout 400 bash scripts/serve_bench.sh "$R" qwen3-8b 2>&1 | tail -60 ;;
+    topo) nvidia-smi topo -m | tee "$R/topo.txt" ;;
+    tp4) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_custom_all_reduce_gpu.py tests/gpu/test_tp_gpu.py \
+           > "$R/tp4_tests.log" 2>&1; tail -6 "$R/tp4_tests.log"
+         timeout 150 python3 benchmarks/bench_all_reduce.py --world 4 ${AR_CONFIGS:+--configs $AR_CONFIGS} --json-out "$R/all_reduce_w4.json" 2>&1 | tail -12 ;;
     *) echo "unknown section $s" ;;
   esac
   save

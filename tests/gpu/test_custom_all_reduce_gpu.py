@@ -1,4 +1,4 @@
-"""The one-shot custom all-reduce on 2 GPUs: exact sums, mixed with NCCL, inside replayed CUDA graphs."""
+"""The one-shot custom all-reduce on 2 (and 4) GPUs: exact sums, mixed with NCCL, inside replayed CUDA graphs."""
 
 from datetime import timedelta
 
@@ -18,8 +18,8 @@ def _input(i: int, rank: int, n: int, dtype, dev) -> torch.Tensor:
     return torch.randn(n, device=dev, generator=torch.Generator(dev).manual_seed(100 * i + rank)).to(dtype)
 
 
-def _want(i: int, n: int, dtype, dev) -> torch.Tensor:
-    return sum(_input(i, r, n, dtype, dev).float() for r in range(2)).to(dtype)  # rank order, one rounding
+def _want(i: int, n: int, dtype, dev, world: int) -> torch.Tensor:
+    return sum(_input(i, r, n, dtype, dev).float() for r in range(world)).to(dtype)  # rank order, one rounding
 
 
 def _worker(rank: int, world: int, port: int) -> dict:
@@ -30,9 +30,9 @@ def _worker(rank: int, world: int, port: int) -> dict:
 
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
-    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
-    comm = NcclCommunicator(store, rank, 2, dev)
-    car = create_custom_all_reduce(store, rank, 2, dev, lambda t: comm.all_reduce(t, "min"))
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=60))
+    comm = NcclCommunicator(store, rank, world, dev)
+    car = create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"))
     out = {"created": car is not None}
     eager = []
     for i, (n, dtype) in enumerate(SIZES):  # eager, with a NCCL all-reduce between custom ones
@@ -40,7 +40,7 @@ def _worker(rank: int, world: int, port: int) -> dict:
         car.all_reduce(x)
         y = torch.ones(3, device=dev)
         comm.all_reduce(y)
-        eager.append(bool(torch.equal(x, _want(i, n, dtype, dev))) and y.tolist() == [2.0] * 3)
+        eager.append(bool(torch.equal(x, _want(i, n, dtype, dev, world))) and y.tolist() == [float(world)] * 3)
     out["eager"] = eager
     # a graph with two custom all-reduces and a NCCL one, replayed with new inputs
     a = torch.zeros(8192, device=dev, dtype=torch.bfloat16)
@@ -65,9 +65,9 @@ def _worker(rank: int, world: int, port: int) -> dict:
         c.fill_(rank + step)
         graph.replay()
         torch.cuda.synchronize(dev)
-        replays.append(bool(torch.equal(a, _want(i, a.numel(), a.dtype, dev)))
-                       and bool(torch.equal(b, _want(i + 50, b.numel(), b.dtype, dev)))
-                       and c.tolist() == [2.0 * step + 1] * 10)
+        replays.append(bool(torch.equal(a, _want(i, a.numel(), a.dtype, dev, world)))
+                       and bool(torch.equal(b, _want(i + 50, b.numel(), b.dtype, dev, world)))
+                       and c.tolist() == [float(world * step + sum(range(world)))] * 10)
     out["replays"] = replays
     out["counters"] = car.counters.tolist()
     del graph
@@ -76,9 +76,11 @@ def _worker(rank: int, world: int, port: int) -> dict:
     return out
 
 
-def test_custom_all_reduce_exact_eager_and_in_cuda_graph():
-    results = run_ranks(_worker, 2, timeout=120)
-    for rank in (0, 1):
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.skipif(
+    torch.cuda.device_count() < 4, reason="needs 4 CUDA GPUs"))])
+def test_custom_all_reduce_exact_eager_and_in_cuda_graph(world):
+    results = run_ranks(_worker, world, timeout=120)
+    for rank in range(world):
         r = results[rank]
         assert isinstance(r, dict), r
         assert r["created"] and r["eager"] == [True] * len(SIZES) and r["replays"] == [True] * 5

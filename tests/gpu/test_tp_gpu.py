@@ -1,4 +1,4 @@
-"""Tensor parallelism on GPUs (NCCL, CUDA graphs on every rank): TP=2 equals TP=1 in float32."""
+"""Tensor parallelism on GPUs (NCCL, CUDA graphs on every rank): TP=2 and TP=4 equal TP=1 in float32."""
 
 import os
 import signal
@@ -29,6 +29,19 @@ def test_tp2_equals_tp1_float32(tiny_model, graphs):
         assert (two.executor.runner.graph_runner is not None) == graphs
         assert (two.executor.runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
         got = [o["token_ids"] for o in two.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    assert got == expected
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 CUDA GPUs")
+def test_tp4_equals_tp1_float32(tiny_model):
+    """4 ranks, CUDA graphs and the custom all-reduce on each; the tiny models have fewer KV heads than 4
+    (replicated) and 4 query heads (one a rank)."""
+    kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
+    with LLM(tiny_model, **kw) as one:
+        expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    with LLM(tiny_model, tensor_parallel_size=4, **kw) as four:
+        assert (four.executor.runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
+        got = [o["token_ids"] for o in four.generate(PROMPTS, GREEDY, use_tqdm=False)]
     assert got == expected
 
 
