@@ -1,15 +1,19 @@
-"""The Triton GEMV against cuBLAS (``F.linear``) at the decode shapes of Qwen3-8B, bf16.
+"""The Triton GEMV against cuBLAS (``F.linear``) at the decode shapes of Qwen3-8B and -32B, bf16.
 
-    PYTHONPATH=. python benchmarks/bench_gemv.py [--rows 1] [--configs 32x256x4x4 ...]
+    PYTHONPATH=. python benchmarks/bench_gemv.py [--rows 1] [--configs 32x256x4x4 32x256x4x4x2 ...]
+        [--table-out gemv_table.json]
 
 Each shape is timed as a CUDA graph of 20 calls cycling over enough weight copies (> 200 MB)
 that L2 cannot hold them; TB/s counts the weight bytes read. Configurations are
-``BLOCK_NxBLOCK_KxSTAGESxWARPS`` (the first is the kernel's default unless ``MINIVLLM_GEMV_CFG``).
+``BLOCK_NxBLOCK_KxSTAGESxWARPS[xSPLIT_K]`` (default: the kernel's config for each shape).
+``--table-out`` writes the fastest of cuBLAS and the configs per shape at the first ``--rows``
+value, as ``MINIVLLM_GEMV_TABLE`` reads it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -20,11 +24,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from graph_timing import time_in_graph  # noqa: E402
 
-from minivllm.kernels.gemv import gemv, gemv_config  # noqa: E402
+from minivllm.kernels.gemv import DEFAULT, gemv, gemv_config, parse_config  # noqa: E402
 
-# (name, N, K): TP=2 shards of Qwen3-8B, then the unsharded TP=1 layers
-SHAPES = [("qkv tp2", 3072, 4096), ("o tp2", 4096, 2048), ("gate_up tp2", 12288, 4096), ("down tp2", 4096, 6144),
-          ("qkv tp1", 6144, 4096), ("o tp1", 4096, 4096), ("gate_up tp1", 24576, 4096), ("down tp1", 4096, 12288)]
+
+def shapes(hidden: int, heads: int, kv_heads: int, inter: int, tp: int, head_dim: int = 128) -> list[tuple]:
+    """A decoder layer's four linear weights ``(N, K)`` on one of ``tp`` ranks."""
+    kv = max(1, kv_heads // tp)
+    return [("qkv", (heads // tp + 2 * kv) * head_dim, hidden), ("o", hidden, heads // tp * head_dim),
+            ("gate_up", 2 * inter // tp, hidden), ("down", hidden, inter // tp)]
+
+
+# (name, N, K): Qwen3-8B, Qwen3-32B and Qwen3-0.6B, at TP=2, 1 and 4
+MODELS = {"8b": (4096, 32, 8, 12288), "32b": (5120, 64, 8, 25600), "0.6b": (1024, 16, 8, 3072)}
+SHAPES = [(f"{name} {model} tp{tp}", n, k) for model, dims in MODELS.items() for tp in (2, 1, 4)
+          for name, n, k in shapes(*dims, tp)]
 
 
 def cycling(f, x: torch.Tensor, ws: list[torch.Tensor], config=None):
@@ -43,26 +56,38 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[1])
     ap.add_argument("--configs", nargs="+", default=None)
+    ap.add_argument("--table-out", default=None)
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
     args = ap.parse_args()
-    configs = [tuple(int(v) for v in c.split("x")) for c in args.configs] if args.configs else [gemv_config(1, 1)]
-    names = ["x".join(map(str, c)) for c in configs]
+    configs = [parse_config(c) for c in args.configs] if args.configs else [None]
+    names = ["x".join(map(str, c)) if c else "default" for c in configs]
+    table = {}
     print(f"GEMV vs cuBLAS on {torch.cuda.get_device_name(0)}, bf16, microseconds (TB/s of weight reads)")
     print(f"{'shape':<14}{'M':>3}{'cuBLAS':>16}" + "".join(f"{n:>18}" for n in names) + f"{'max rel err':>13}")
     for m in args.rows:
         for name, n, k in SHAPES:
+            if name.split()[1] not in args.models:
+                continue
             copies = max(2, -(-200 * 2**20 // (n * k * 2)))
             ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x.float(), ws[0].float())
             err = max((gemv(x, ws[0], config=c).float() - ref).norm().item() / ref.norm().item() for c in configs)
             gb = n * k * 2 / 1e9
-            cells = []
-            for t in [time_in_graph(cycling(F.linear, x, ws))] + [time_in_graph(cycling(gemv, x, ws, c))
-                                                                   for c in configs]:
-                cells.append(f"{t:>9.2f} ({gb / t * 1e3:>4.2f})")  # GB / us = 1e3 TB/s
+            times = [time_in_graph(cycling(F.linear, x, ws))] + [time_in_graph(cycling(gemv, x, ws, c))
+                                                                  for c in configs]
+            cells = [f"{t:>9.2f} ({gb / t * 1e3:>4.2f})" for t in times]  # GB / us = 1e3 TB/s
+            if m == args.rows[0]:
+                best = min(range(len(times)), key=times.__getitem__)
+                cfg = configs[best - 1] or gemv_config(n, k) or DEFAULT if best else None
+                table[f"{n},{k}"] = "x".join(map(str, cfg)) if cfg else "cublas"
             print(f"{name:<14}{m:>3}" + "".join(f"{c:>16}" if i == 0 else f"{c:>18}" for i, c in enumerate(cells))
                   + f"{err:>13.2e}")
             del ws
+    if args.table_out:
+        with open(args.table_out, "w") as f:
+            json.dump(table, f, indent=1)
+        print(f"fastest per shape (M={args.rows[0]}) -> {args.table_out}: {table}")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,9 @@ def measure(args: argparse.Namespace) -> dict:
                 "output_tokens": out_tokens, "latency_s": latency, "ms_per_token": 1000 * latency / n,
                 "tpot_ms": 1000 * tpot, "device": llm.config.device, "dtype": llm.config.dtype,
                 "kv_cache_dtype": llm.config.kv_cache_dtype,
-                "custom_all_reduce": getattr(getattr(llm.executor.runner, "tp_group", None), "custom_ar", None) is not None}
+                "custom_all_reduce": getattr(getattr(llm.executor.runner, "tp_group", None), "custom_ar", None) is not None,
+                "gemv": {k: os.environ[k] for k in ("MINIVLLM_GEMV", "MINIVLLM_GEMV_CFG", "MINIVLLM_GEMV_TABLE")
+                         if k in os.environ}}
     finally:
         llm.close()
 
