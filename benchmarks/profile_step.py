@@ -83,6 +83,24 @@ def report(title: str, pt: PhaseTimer, steps: int) -> None:
     print(f"{'(engine glue)':<24}{1000 * other / steps:>10.3f}{100 * other / whole:>7.1f}%")
 
 
+def collective_spread(prof, steps: int) -> None:
+    """Duration spread of the collectives' kernels: a mean far above the median is waiting for a
+    late rank (the kernel spins until every rank arrives), not moving data."""
+    by_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and any(
+                k in e.name for k in ("all_reduce", "AllReduce", "Broadcast", "SendRecv")):
+            by_name.setdefault(e.name[:48], []).append(e.time_range.elapsed_us())
+    print(f"{'collective kernel':<50}{'calls':>7}{'median us':>11}{'mean us':>9}{'p99 us':>9}"
+          f"{'max us':>9}{'> 4x median, ms/step':>22}")
+    for name, d in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        d.sort()
+        med = d[len(d) // 2]
+        slow = sum(x - med for x in d if x > 4 * med) / 1000 / steps
+        print(f"{name:<50}{len(d):>7}{med:>11.2f}{sum(d) / len(d):>9.2f}{d[int(0.99 * (len(d) - 1))]:>9.1f}"
+              f"{d[-1]:>9.1f}{slow:>22.3f}")
+
+
 def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool, sync: bool) -> None:
     for p, sp in zip(prompts, params):
         llm.add_request(p, sp)
@@ -112,6 +130,7 @@ def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool, s
         print(f"GPU busy {gpu_total / steps:.3f} ms/step of {1000 * wall / steps:.3f} ms/step wall "
               f"(idle {100 * (1 - gpu_total / 1000 / wall):.0f}%; profiler overhead inflates wall)")
         print(events.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60))
+        collective_spread(prof, steps)
     while llm.has_unfinished_requests():
         llm.step()
 
