@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import torch
 
@@ -87,10 +87,12 @@ def collective_spread(prof, steps: int) -> None:
     """Duration spread of the collectives' kernels: a mean far above the median is waiting for a
     late rank (the kernel spins until every rank arrives), not moving data."""
     by_name: dict[str, list[float]] = {}
+    starts: dict[str, list[tuple[float, float]]] = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and any(
                 k in e.name for k in ("all_reduce", "AllReduce", "Broadcast", "SendRecv")):
             by_name.setdefault(e.name[:48], []).append(e.time_range.elapsed_us())
+            starts.setdefault(e.name[:48], []).append((e.time_range.start, e.time_range.elapsed_us()))
     print(f"{'collective kernel':<50}{'calls':>7}{'median us':>11}{'mean us':>9}{'p99 us':>9}"
           f"{'max us':>9}{'> 4x median, ms/step':>22}")
     for name, d in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
@@ -99,6 +101,11 @@ def collective_spread(prof, steps: int) -> None:
         slow = sum(x - med for x in d if x > 4 * med) / 1000 / steps
         print(f"{name:<50}{len(d):>7}{med:>11.2f}{sum(d) / len(d):>9.2f}{d[int(0.99 * (len(d) - 1))]:>9.1f}"
               f"{d[-1]:>9.1f}{slow:>22.3f}")
+        if len(d) % steps == 0 and len(d) > steps:  # the same calls every step: which of them wait
+            per = len(d) // steps
+            ordered = sorted(starts[name])
+            where = Counter(i % per for i, (_, us) in enumerate(ordered) if us > 4 * med)
+            print(f"    slow calls by position in the step's {per} (position: count): {dict(where.most_common(6))}")
 
 
 def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool, sync: bool) -> None:

@@ -52,6 +52,24 @@ def dump_stacks_if_stalled() -> None:
         faulthandler.dump_traceback_later(float(os.environ["MINIVLLM_HANG_DUMP_S"]), repeat=True)
 
 
+class _Timing:
+    """``MINIVLLM_WORKER_TIMING=1``: every 200 steps a worker prints how long it waited for commands
+    and how long it took to run them (its host side; a worker slower than the GPU step delays every
+    rank at the step's first all-reduce)."""
+
+    def __init__(self, rank: int):
+        self.rank, self.n, self.wait, self.run = rank, 0, 0.0, 0.0
+
+    def add(self, method: str, wait: float, run: float) -> None:
+        if method != "execute_step":
+            return
+        self.n, self.wait, self.run = self.n + 1, self.wait + wait, self.run + run
+        if self.n == 200:
+            print(f"[worker rank {self.rank}] per step: waited {1000 * self.wait / self.n:.3f} ms for the command, "
+                  f"ran it in {1000 * self.run / self.n:.3f} ms", file=sys.stderr, flush=True)
+            self.n, self.wait, self.run = 0, 0.0, 0.0
+
+
 def worker_main(config: Config, rank: int, init_method: str, shm_name: str, wakeup, ack, ready,
                  parent_pid: int) -> None:
     """Entry point of rank ``rank`` (>= 1): build a ModelRunner, then run commands until "exit"."""
@@ -64,17 +82,22 @@ def worker_main(config: Config, rank: int, init_method: str, shm_name: str, wake
     shm = SharedMemory(name=shm_name)
     ready.release()  # NOTE: imports done; the engine now starts rank 0, which opens the rendezvous
     runner = ModelRunner(config, rank, dist_init_method=init_method)
+    timing = _Timing(rank) if os.environ.get("MINIVLLM_WORKER_TIMING") else None
     try:
         while True:
+            t0 = time.perf_counter()
             while not wakeup.acquire(timeout=_POLL_S):
                 if os.getppid() != parent_pid:
                     return
+            t1 = time.perf_counter()
             (n,) = HEADER.unpack_from(shm.buf, 0)
             method, args = pickle.loads(shm.buf[HEADER.size:HEADER.size + n])
             ack.release()  # NOTE: rank 0 may now write the next command over this one
             if method == "exit":
                 return
             getattr(runner, method)(*args)
+            if timing is not None:
+                timing.add(method, t1 - t0, time.perf_counter() - t1)
     finally:
         runner.shutdown()
         shm.close()
