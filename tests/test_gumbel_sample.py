@@ -40,6 +40,27 @@ def test_a_seed_gives_the_same_token_in_any_batch():
     assert other.tolist() != alone.tolist()  # (5 rows of 64 tokens: equal by chance ~never)
 
 
+@pytest.mark.parametrize("block_v", [16, 64])
+def test_the_draw_does_not_depend_on_how_the_vocabulary_is_split(block_v):
+    """Chunks of ``block_v`` tokens (a ragged last one: V = 300), then the pick across chunks: the
+    same token as one program over the whole row, since the noise is keyed by token id."""
+    torch.manual_seed(1)
+    logits = torch.randn(6, 300) * 3
+    seeds = torch.arange(6, dtype=torch.int64) * 7919 + 3
+    t = torch.tensor([1.0, 0.6, 0.0, 2.0, 0.3, 1.0])
+    whole = gumbel_sample(logits, seeds, t, block_v=512)
+    assert gumbel_sample(logits, seeds, t, block_v=block_v).tolist() == whole.tolist()
+    assert whole[2] == logits[2].argmax()  # temperature 0
+
+
+def test_zero_temperature_ties_across_chunks_keep_the_lowest_id():
+    logits = torch.zeros(2, 100)
+    logits[0, [90, 20, 55]] = 4.0  # equal maxima in chunks 5, 1 and 3 of 16 tokens
+    logits[1, 99] = 1.0
+    out = gumbel_sample(logits, torch.tensor([1, 2], dtype=torch.int64), torch.zeros(2), block_v=16)
+    assert out.tolist() == [20, 99]
+
+
 def test_zero_temperature_is_argmax_lowest_id_on_ties():
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [5.0, -1.0, 5.0, 0.0]])
     out = gumbel_sample(logits, torch.tensor([1, 2], dtype=torch.int64), torch.zeros(2))

@@ -151,3 +151,16 @@ def test_gumbel_sample_distribution_on_gpu():
     p = torch.softmax(logits.to(torch.bfloat16).double() / 0.6, 0)
     freq = torch.bincount(tokens, minlength=64).double() / n
     assert 0.5 * float((freq - p).abs().sum()) < 0.02  # sampling noise ~0.006 at n = 200,000
+
+
+def test_gumbel_sample_same_draw_for_any_split_at_real_vocab():
+    from minivllm.kernels.gumbel_sample import gumbel_sample
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    logits = (torch.randn(33, 151936, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    seeds = torch.randint(0, 2**62, (33,), dtype=torch.int64, device="cuda", generator=g)
+    t = torch.rand(33, device="cuda", generator=g) + 0.2
+    t[0] = 0.0
+    draws = [gumbel_sample(logits, seeds, t, block_v=b).tolist() for b in (1024, 4096, 1 << 18)]
+    assert draws[0] == draws[1] == draws[2]
+    assert draws[0][0] == int(logits[0].float().argmax())
