@@ -156,3 +156,16 @@ def test_switch_and_max_bytes(monkeypatch):
     monkeypatch.setenv("MINIVLLM_CUSTOM_AR", "yes")
     with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR"):
         custom_all_reduce_enabled()
+
+
+def test_summarize_waits_finds_long_waits_and_their_spacing():
+    from minivllm.utils.custom_all_reduce import summarize_waits
+
+    ring = [4000] * 1000  # ns, indexed by call % 1000; 2190 calls made, the ring holds the last 1000
+    for call in range(1191, 2191):
+        if call % 73 == 5:
+            ring[call % 1000] = 650_000
+    text = summarize_waits(1, 2190, ring)
+    assert "rank 1: last 1000 of 2190 calls waited median 4.0 us" in text
+    assert "13 waits > 100 us (8.45 ms)" in text and "{73: 12}" in text  # calls 1241, 1314, ... 2117
+    assert summarize_waits(0, 0, [0] * 8) == "rank 0: no custom all-reduce calls"

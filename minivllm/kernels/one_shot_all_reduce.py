@@ -28,6 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from triton.language.extra.cuda import globaltimer
+except ImportError:  # pragma: no cover - older Triton: no wait records
+    globaltimer = None
+
 SPIN_CHECK_ABORT_EVERY = 1024
 
 
@@ -39,10 +44,12 @@ def _one_shot_all_reduce_kernel(
     cap,  # elements in each slot of a data buffer
     ptrs,  # [2W + 1] int64 addresses, see the module docstring
     counters,  # [grid] int32, this rank's call count per program
+    waits,  # [WAIT_RING] int64: program 0's wait for the peers' flags, ns, at call % WAIT_RING
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
     BLOCK: tl.constexpr,
     CHECK_EVERY: tl.constexpr,
+    WAIT_RING: tl.constexpr,  # 0: no records (a diagnostic; GPUs only)
 ):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
@@ -64,6 +71,9 @@ def _one_shot_all_reduce_kernel(
             peer_flags = tl.load(ptrs + WORLD + p).to(tl.pointer_type(tl.int32)) + pid * WORLD
             tl.atomic_xchg(peer_flags + RANK, epoch, sem="release", scope="sys")
     abort = tl.load(ptrs + 2 * WORLD).to(tl.pointer_type(tl.int32))
+    t0 = tl.zeros([], dtype=tl.int64)
+    if WAIT_RING > 0:
+        t0 = globaltimer()
     for p in tl.static_range(WORLD):
         if p != RANK:
             # NOTE: spin on plain volatile loads (a sys-scope acquire per poll, from every program,
@@ -77,6 +87,9 @@ def _one_shot_all_reduce_kernel(
                 if spins % CHECK_EVERY == 0:
                     stop = tl.load(abort, volatile=True)
             tl.atomic_add(flags + p, 0, sem="acquire", scope="sys")
+    if WAIT_RING > 0:
+        if pid == 0:
+            tl.store(waits + epoch % WAIT_RING, globaltimer() - t0)
     tl.debug_barrier()  # NOTE: the peers' data is read after the acquire above
     own = tl.load(ptrs + RANK).to(tl.pointer_type(dt)) + half
     for start in range(pid * BLOCK, n, step):  # every slot is local now: sum them in rank order
@@ -93,11 +106,14 @@ def _one_shot_all_reduce_kernel(
 
 
 def one_shot_all_reduce(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, counters: torch.Tensor,
-                        cap: int, rank: int, world: int, block: int = 2048, num_warps: int = 8) -> None:
+                        cap: int, rank: int, world: int, block: int = 2048, num_warps: int = 8,
+                        waits: torch.Tensor | None = None) -> None:
     """Launch the kernel with one program per entry of ``counters`` (the same count on every rank).
 
-    ``cap``: elements of ``x``'s dtype in one slot of a data buffer.
+    ``cap``: elements of ``x``'s dtype in one slot of a data buffer. ``waits`` (int64, GPUs): a ring
+    that records how long each call waited for the peers (program 0, ns), indexed by call count.
     """
+    ring = 0 if waits is None or globaltimer is None or not x.is_cuda else waits.numel()
     _one_shot_all_reduce_kernel[(counters.numel(),)](
-        x, out, x.numel(), cap, ptrs, counters, RANK=rank, WORLD=world, BLOCK=block,
-        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, num_warps=num_warps)
+        x, out, x.numel(), cap, ptrs, counters, waits if ring else counters, RANK=rank, WORLD=world, BLOCK=block,
+        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring, num_warps=num_warps)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import Counter
 
 import torch
 
@@ -60,6 +61,9 @@ class CustomAllReduce:
         self.counters = torch.zeros(programs, dtype=torch.int32, device=self.device)  # [programs]
         self.block, self.num_warps = block, num_warps
         self._on_close = on_close
+        ring = int(os.environ.get("MINIVLLM_CUSTOM_AR_WAITS", "0"))  # a diagnostic: see wait_summary
+        self.waits = (torch.zeros(ring, dtype=torch.int64, device=self.device)
+                      if ring > 0 and self.device.type == "cuda" else None)
 
     def fits(self, t: torch.Tensor) -> bool:
         """Whether ``t`` goes through the one-shot kernel (else the caller uses NCCL)."""
@@ -72,7 +76,13 @@ class CustomAllReduce:
             raise ValueError(f"custom all-reduce takes a contiguous {DTYPES} tensor on {self.device} of at most "
                              f"{self.max_bytes} bytes; got {t.dtype}, {t.numel() * t.element_size()} bytes on {t.device}")
         one_shot_all_reduce(t, t, self.ptrs, self.counters, self.capacity // t.element_size(), self.rank, self.world,
-                            self.block, self.num_warps)
+                            self.block, self.num_warps, self.waits)
+
+    def wait_summary(self) -> str | None:
+        """With ``MINIVLLM_CUSTOM_AR_WAITS=N`` (GPUs): ``summarize_waits`` of the last N calls; None when not recording."""
+        if self.waits is None:
+            return None
+        return summarize_waits(self.rank, int(self.counters[0]), self.waits.cpu().tolist())
 
     def abort(self) -> None:
         """End every wait of running and future kernels (a peer died); results are garbage from then on."""
@@ -84,6 +94,22 @@ class CustomAllReduce:
         if self._on_close is not None:
             fn, self._on_close = self._on_close, None
             fn()
+
+
+def summarize_waits(rank: int, calls: int, ring: list[int]) -> str:
+    """How long the last ``len(ring)`` of ``calls`` calls waited for the peers' flags (``ring[call % len]``,
+    ns), and how many calls apart the long (> 100 us) waits fall: a gap equal to the calls of one
+    step means once a step."""
+    ids = list(range(max(1, calls - len(ring) + 1), calls + 1))
+    us = [ring[i % len(ring)] / 1000 for i in ids]
+    if not us:
+        return f"rank {rank}: no custom all-reduce calls"
+    srt = sorted(us)
+    long_ids = [i for i, u in zip(ids, us) if u > 100]
+    gaps = Counter(b - a for a, b in zip(long_ids, long_ids[1:])).most_common(3)
+    return (f"rank {rank}: last {len(us)} of {calls} calls waited median {srt[len(srt) // 2]:.1f} us, "
+            f"p99 {srt[int(0.99 * (len(srt) - 1))]:.1f}, max {srt[-1]:.1f}; {len(long_ids)} waits > 100 us "
+            f"({sum(u for u in us if u > 100) / 1000:.2f} ms), calls between them (gap: count) {dict(gaps)}")
 
 
 def _gather(store, key: str, value: bytes, rank: int, world: int, stop) -> list[bytes]:

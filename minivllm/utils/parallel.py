@@ -10,6 +10,7 @@ take the group that is *current* while the model is built (``tp_group_context``)
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from contextlib import contextmanager
 from datetime import timedelta
@@ -160,6 +161,12 @@ class TPGroup:
         _live.pop(self.address, None)
         car, self.custom_ar = getattr(self, "custom_ar", None), None
         if car is not None:
+            try:
+                summary = car.wait_summary()
+            except Exception as exc:  # noqa: BLE001 - a diagnostic must not stop the shutdown
+                summary = f"no wait summary ({type(exc).__name__}: {exc})"
+            if summary:
+                print(f"[custom all-reduce] {summary}", file=sys.stderr, flush=True)
             car.close()
         comm, self.comm = getattr(self, "comm", None), None
         if comm is not None:

@@ -86,3 +86,39 @@ def test_custom_all_reduce_exact_eager_and_in_cuda_graph(world):
         assert r["created"] and r["eager"] == [True] * len(SIZES) and r["replays"] == [True] * 5
         # 1 setup check + the eager calls + 2 warm-ups + 2 per replay, on every program
         assert set(r["counters"]) == {1 + len(SIZES) + 2 + 2 * 5}
+
+
+def _waits_worker(rank: int, world: int, port: int) -> dict:
+    import os
+
+    import torch.distributed as dist
+
+    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
+    from minivllm.utils.pynccl import NcclCommunicator
+
+    os.environ["MINIVLLM_CUSTOM_AR_WAITS"] = "64"
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=60))
+    comm = NcclCommunicator(store, rank, world, dev)
+    car = create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"))
+    exact = []
+    for i in range(10):
+        x = _input(i, rank, 4096, torch.bfloat16, dev)
+        car.all_reduce(x)
+        exact.append(bool(torch.equal(x, _want(i, 4096, torch.bfloat16, dev, world))))
+    torch.cuda.synchronize(dev)
+    out = {"exact": exact, "summary": car.wait_summary()}
+    car.close()
+    comm.abort()
+    return out
+
+
+def test_wait_records_diagnostic():
+    """``MINIVLLM_CUSTOM_AR_WAITS``: the kernel variant that records its waits (globaltimer) still sums
+    exactly, and the summary covers every call (1 setup check + 10)."""
+    results = run_ranks(_waits_worker, 2, timeout=120)
+    for rank in (0, 1):
+        r = results[rank]
+        assert isinstance(r, dict), r
+        assert r["exact"] == [True] * 10 and r["summary"].startswith(f"rank {rank}: last 11 of 11 calls waited")
