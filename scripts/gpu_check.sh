@@ -4,6 +4,7 @@
 # sections: tests fp8kv bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
 #           tptests tpdebug pynccl car gemv tpab tpgemv tpsimple tpgpu tpfp8 tpprofile tp tp32 topo tp4
 #   topo: nvidia-smi topo -m (how the GPUs are linked)
+#   tpwaits: Qwen3-8B at TP=2 with MINIVLLM_CUSTOM_AR_WAITS (each rank prints how long its all-reduces waited)
 #   tp4: on 4 GPUs, the custom all-reduce's and the TP GPU tests (TP=4 included), then all-reduce latency at 4 ranks
 #   car: the custom all-reduce's GPU test, then its latency against NCCL (bench_all_reduce.py, $AR_CONFIGS)
 #   gemv: the Triton GEMV's GPU tests, then its speed against cuBLAS (bench_gemv.py, $GEMV_CONFIGS)
@@ -79,6 +80,9 @@ for s in $sections; do
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
     serve8b) timeout 400 bash scripts/serve_bench.sh "$R" qwen3-8b 2>&1 | tail -60 ;;
     topo) nvidia-smi topo -m | tee "$R/topo.txt" ;;
+    tpwaits) MINIVLLM_CUSTOM_AR_WAITS=40000 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 \
+               --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_waits.json" > "$R/tp_waits.txt" 2>&1
+             grep -E "custom all-reduce|^ +2 " "$R/tp_waits.txt" ;;
     tp4) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_custom_all_reduce_gpu.py tests/gpu/test_tp_gpu.py \
            > "$R/tp4_tests.log" 2>&1; tail -6 "$R/tp4_tests.log"
          timeout 150 python3 benchmarks/bench_all_reduce.py --world 4 ${AR_CONFIGS:+--configs $AR_CONFIGS} --json-out "$R/all_reduce_w4.json" 2>&1 | tail -12 ;;
