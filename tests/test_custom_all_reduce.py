@@ -49,6 +49,29 @@ def _map(path: str, nbytes: int) -> torch.Tensor:
     return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
 
 
+# fused all-reduce + add + RMSNorm calls, (rows, dim, dtype), between plain ones (the two kernels
+# share flags and epochs); float32 / float16: the interpreter's bfloat16 cast truncates
+NORM_CALLS = {1: (3, 40, torch.float32), 3: (5, 96, torch.float16), 4: (1, 64, torch.float32),
+              6: (7, 33, torch.float32)}
+EPS = 1e-6
+
+
+def _norm_inputs(call: int, rows: int, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(777 + call)
+    return torch.randn(rows, dim, generator=g).to(dtype), (torch.rand(dim, generator=g) + 0.5).to(dtype)
+
+
+def expected_norm(call: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fused_norm``'s ops on the all-reduce's result: (normalised rows, new residual)."""
+    rows, dim, dtype = NORM_CALLS[call]
+    total = expected_sum(call, world, rows * dim, dtype).view(rows, dim)
+    res, w = _norm_inputs(call, rows, dim, dtype)
+    h = (total.float() + res.float()).to(dtype)
+    hf = h.float()
+    normed = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + EPS)).to(dtype).float()
+    return (normed * w.float()).to(dtype), h
+
+
 def _rank_main(rank: int, world: int, paths: list[tuple[str, str]], queue) -> None:
     try:
         from minivllm.utils.custom_all_reduce import CustomAllReduce
@@ -58,6 +81,13 @@ def _rank_main(rank: int, world: int, paths: list[tuple[str, str]], queue) -> No
                               torch.device("cpu"), CAPACITY, CAPACITY, programs=PROGRAMS, block=1024, num_warps=4)
         results = []
         for call, (numel, dtype) in enumerate(CALLS):
+            if call in NORM_CALLS:
+                rows, dim, dtype = NORM_CALLS[call]
+                x = _inputs(call, rank, rows * dim, dtype).view(rows, dim)
+                res, w = _norm_inputs(call, rows, dim, dtype)
+                car.all_reduce_add_rms_norm(x, res, w, EPS)  # in place
+                results.append((x, res))
+                continue
             x = _inputs(call, rank, numel, dtype)
             car.all_reduce(x)  # in place
             results.append(x)
@@ -99,6 +129,13 @@ def test_one_shot_all_reduce_across_processes(world):
         assert not isinstance(results, str), f"rank {rank} failed: {results}"
         assert counters == [len(CALLS)] * PROGRAMS  # every program counted every call
         for call, ((numel, dtype), y) in enumerate(zip(CALLS, results)):
+            if call in NORM_CALLS:
+                (out, res), (want_out, want_res) = y, expected_norm(call, world)
+                assert torch.equal(res, want_res), f"rank {rank} call {call}: residual"
+                tol = 1e-5 if out.dtype == torch.float32 else 2e-3  # rsqrt / reduction order: an ulp
+                torch.testing.assert_close(out, want_out, rtol=tol, atol=tol)
+                assert torch.equal(out, got[0][0][call][0])  # the same bits on every rank
+                continue
             want = expected_sum(call, world, numel, dtype)
             assert y.dtype == dtype and torch.equal(y, want), f"rank {rank} call {call}"
             assert torch.equal(y, got[0][0][call])  # the same bits on every rank
@@ -124,6 +161,19 @@ def test_abort_ends_a_wait_for_a_peer_that_never_comes():
     assert car.abort_flag.item() == 1
     # the flags it raised for the peer are this call's epoch
     assert keep[1][1].view(PROGRAMS, 2)[:, 0].tolist() == [1] * PROGRAMS
+
+
+def test_fused_norm_fits_and_clear_errors():
+    car, _keep = _lonely(capacity=4096)
+    x, r, w = torch.ones(4, 64), torch.ones(4, 64), torch.ones(64)
+    assert car.fits_add_rms_norm(x, r, w)
+    assert not car.fits_add_rms_norm(x, r.half(), w)  # dtypes differ
+    assert not car.fits_add_rms_norm(x, torch.ones(4, 32), w)
+    assert not car.fits_add_rms_norm(x.view(-1), r.view(-1), w)  # not [M, D]
+    assert not car.fits_add_rms_norm(x, r, torch.ones(32))
+    assert not car.fits_add_rms_norm(torch.ones(32, 64), torch.ones(32, 64), w)  # 8 KB: over the capacity
+    with pytest.raises(ValueError, match=r"contiguous \[M, D <= 8192\] x and residual"):
+        car.all_reduce_add_rms_norm(x, torch.ones(4, 32), w, 1e-6)
 
 
 def test_fits_and_clear_errors():

@@ -37,33 +37,19 @@ SPIN_CHECK_ABORT_EVERY = 1024
 
 
 @triton.jit
-def _one_shot_all_reduce_kernel(
-    x_ptr,  # [n] this rank's input
-    out_ptr,  # [n] the sum (may be x_ptr)
-    n,
-    cap,  # elements in each slot of a data buffer
-    ptrs,  # [2W + 1] int64 addresses, see the module docstring
-    counters,  # [grid] int32, this rank's call count per program
-    waits,  # [WAIT_RING] int64: program 0's wait for the peers' flags, ns, at call % WAIT_RING
-    RANK: tl.constexpr,
-    WORLD: tl.constexpr,
-    BLOCK: tl.constexpr,
-    CHECK_EVERY: tl.constexpr,
-    WAIT_RING: tl.constexpr,  # 0: no records (a diagnostic; GPUs only)
-):
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * BLOCK
-    dt = x_ptr.dtype.element_ty
-    epoch = tl.load(counters + pid) + 1
-    half = (epoch % 2).to(tl.int64) * WORLD * cap
-    for start in range(pid * BLOCK, n, step):  # push: my input into slot RANK of every peer's buffer
-        offs = start + tl.arange(0, BLOCK)  # [BLOCK]
-        mask = offs < n
-        x = tl.load(x_ptr + offs, mask=mask)
-        for p in tl.static_range(WORLD):
-            if p != RANK:
-                dst = tl.load(ptrs + p).to(tl.pointer_type(dt))
-                tl.store(dst + half + RANK * cap + offs, x, mask=mask)
+def _push_row(x, ptrs, dst_off, mask, half, cap, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Store ``x`` at ``dst_off`` of slot RANK of every peer's buffer half ``half``."""
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            dst = tl.load(ptrs + p).to(tl.pointer_type(x.dtype))
+            tl.store(dst + half + RANK * cap + dst_off, x, mask=mask)
+
+
+@triton.jit
+def _signal_and_wait(ptrs, pid, epoch, waits, RANK: tl.constexpr, WORLD: tl.constexpr, CHECK_EVERY: tl.constexpr,
+                     WAIT_RING: tl.constexpr):
+    """Raise this program's flag on every peer to ``epoch``, then wait until every peer's program
+    ``pid`` has raised its flag here (or the abort flag is set)."""
     tl.debug_barrier()  # NOTE: every thread's stores happen before the release below
     flags = tl.load(ptrs + WORLD + RANK).to(tl.pointer_type(tl.int32)) + pid * WORLD
     for p in tl.static_range(WORLD):
@@ -91,17 +77,96 @@ def _one_shot_all_reduce_kernel(
         if pid == 0:
             tl.store(waits + epoch % WAIT_RING, globaltimer() - t0)
     tl.debug_barrier()  # NOTE: the peers' data is read after the acquire above
-    own = tl.load(ptrs + RANK).to(tl.pointer_type(dt)) + half
+
+
+@triton.jit
+def _sum_slots(x_ptr, own, off, mask, cap, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """float32 sum, in rank order, of this rank's input and the peers' slots at ``off``."""
+    acc = tl.zeros(off.shape, dtype=tl.float32)
+    for p in tl.static_range(WORLD):
+        if p == RANK:
+            acc += tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        else:
+            acc += tl.load(own + p * cap + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _one_shot_all_reduce_kernel(
+    x_ptr,  # [n] this rank's input
+    out_ptr,  # [n] the sum (may be x_ptr)
+    n,
+    cap,  # elements in each slot of a data buffer
+    ptrs,  # [2W + 1] int64 addresses, see the module docstring
+    counters,  # [grid] int32, this rank's call count per program
+    waits,  # [WAIT_RING] int64: program 0's wait for the peers' flags, ns, at call % WAIT_RING
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHECK_EVERY: tl.constexpr,
+    WAIT_RING: tl.constexpr,  # 0: no records (a diagnostic; GPUs only)
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    epoch = tl.load(counters + pid) + 1
+    half = (epoch % 2).to(tl.int64) * WORLD * cap
+    for start in range(pid * BLOCK, n, step):  # push: my input into slot RANK of every peer's buffer
+        offs = start + tl.arange(0, BLOCK)  # [BLOCK]
+        mask = offs < n
+        _push_row(tl.load(x_ptr + offs, mask=mask), ptrs, offs, mask, half, cap, RANK, WORLD)
+    _signal_and_wait(ptrs, pid, epoch, waits, RANK, WORLD, CHECK_EVERY, WAIT_RING)
+    own = tl.load(ptrs + RANK).to(tl.pointer_type(x_ptr.dtype.element_ty)) + half
     for start in range(pid * BLOCK, n, step):  # every slot is local now: sum them in rank order
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            if p == RANK:
-                acc += tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            else:
-                acc += tl.load(own + p * cap + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(out_ptr + offs, acc.to(dt), mask=mask)
+        acc = _sum_slots(x_ptr, own, offs, mask, cap, RANK, WORLD)
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(counters + pid, epoch)
+
+
+@triton.jit
+def _one_shot_all_reduce_add_rms_norm_kernel(
+    x_ptr,  # [M, D] this rank's partial sums; overwritten with the normalised rows
+    res_ptr,  # [M, D] the residual; overwritten with (sum + residual)
+    w_ptr,  # [D] the norm's weight
+    M,
+    D,
+    eps,
+    cap,
+    ptrs,
+    counters,
+    waits,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CHECK_EVERY: tl.constexpr,
+    WAIT_RING: tl.constexpr,
+):
+    # NOTE: the same flags, halves and per-program epochs as _one_shot_all_reduce_kernel (the two
+    # interleave on one buffer), but program pid owns whole rows pid, pid + grid, ...
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    dt = x_ptr.dtype.element_ty
+    epoch = tl.load(counters + pid) + 1
+    half = (epoch % 2).to(tl.int64) * WORLD * cap
+    offs = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    mask = offs < D
+    for row in range(pid, M, nprog):
+        off = row * D + offs  # (< cap: int32 is enough)
+        _push_row(tl.load(x_ptr + off, mask=mask), ptrs, off, mask, half, cap, RANK, WORLD)
+    _signal_and_wait(ptrs, pid, epoch, waits, RANK, WORLD, CHECK_EVERY, WAIT_RING)
+    own = tl.load(ptrs + RANK).to(tl.pointer_type(dt)) + half
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_D]
+    for row in range(pid, M, nprog):
+        off = row * D + offs  # (< cap: int32 is enough)
+        total = _sum_slots(x_ptr, own, off, mask, cap, RANK, WORLD).to(dt)  # the all-reduce's result
+        # NOTE: then fused_norm's ops: h = sum + residual in x's dtype, normalised rounded first
+        h = (total.to(tl.float32) + tl.load(res_ptr + off, mask=mask, other=0.0).to(tl.float32)).to(dt)
+        tl.store(res_ptr + off, h, mask=mask)
+        hf = h.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)
+        normed = (hf * rstd).to(dt).to(tl.float32)
+        tl.store(x_ptr + off, (normed * w).to(dt), mask=mask)
     tl.store(counters + pid, epoch)
 
 
@@ -117,3 +182,18 @@ def one_shot_all_reduce(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, 
     _one_shot_all_reduce_kernel[(counters.numel(),)](
         x, out, x.numel(), cap, ptrs, counters, waits if ring else counters, RANK=rank, WORLD=world, BLOCK=block,
         CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring, num_warps=num_warps)
+
+
+def one_shot_all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                                     ptrs: torch.Tensor, counters: torch.Tensor, cap: int, rank: int, world: int,
+                                     waits: torch.Tensor | None = None) -> None:
+    """In place: ``residual = sum_ranks(x) + residual``, ``x = rms_norm(residual) * weight`` (``fused_norm``'s
+    numerics) for contiguous ``[M, D]`` ``x`` and ``residual``; the same buffers and counters as
+    ``one_shot_all_reduce``."""
+    d = x.shape[-1]
+    block_d = triton.next_power_of_2(d)
+    ring = 0 if waits is None or globaltimer is None or not x.is_cuda else waits.numel()
+    _one_shot_all_reduce_add_rms_norm_kernel[(counters.numel(),)](
+        x, residual, weight, x.numel() // d, d, eps, cap, ptrs, counters, waits if ring else counters,
+        RANK=rank, WORLD=world, BLOCK_D=block_d, CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring,
+        num_warps=max(1, min(16, block_d // 256)))

@@ -19,10 +19,11 @@ from collections import Counter
 
 import torch
 
-from minivllm.kernels.one_shot_all_reduce import one_shot_all_reduce
+from minivllm.kernels.one_shot_all_reduce import one_shot_all_reduce, one_shot_all_reduce_add_rms_norm
 
 log = logging.getLogger(__name__)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAX_NORM_DIM = 8192  # the fused norm keeps a row in one program's registers
 DEFAULT_CAPACITY = 8 << 20  # bytes in each slot of a rank's data buffer (2 halves x world slots)
 DEFAULT_PROGRAMS = 64
 
@@ -77,6 +78,27 @@ class CustomAllReduce:
                              f"{self.max_bytes} bytes; got {t.dtype}, {t.numel() * t.element_size()} bytes on {t.device}")
         one_shot_all_reduce(t, t, self.ptrs, self.counters, self.capacity // t.element_size(), self.rank, self.world,
                             self.block, self.num_warps, self.waits)
+
+    def fits_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether ``all_reduce_add_rms_norm`` takes these: ``fits(x)``, ``x`` and ``residual`` contiguous
+        ``[M, D]`` alike, ``weight`` ``[D]``, ``D <= MAX_NORM_DIM`` (a row in one program's registers)."""
+        return (self.fits(x) and x.dim() == 2 and x.shape[1] <= MAX_NORM_DIM and residual.shape == x.shape
+                and residual.dtype == x.dtype and residual.device == x.device and residual.is_contiguous()
+                and weight.shape == (x.shape[1],) and weight.is_contiguous() and weight.device == x.device)
+
+    def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One kernel for a row-parallel layer's sum and the next RMSNorm, in place: ``residual += sum_ranks(x)``
+        (the sum rounded to x's dtype first, as ``all_reduce`` then ``fused_add_rms_norm`` would), ``x =
+        rms_norm(residual) * weight``; returns ``(x, residual)``."""
+        if not self.fits_add_rms_norm(x, residual, weight):
+            raise ValueError(f"all_reduce_add_rms_norm takes contiguous [M, D <= {MAX_NORM_DIM}] x and residual of "
+                             f"one {DTYPES} dtype on {self.device}, at most {self.max_bytes} bytes, and a [D] "
+                             f"weight; got {tuple(x.shape)} {x.dtype}, {tuple(residual.shape)} {residual.dtype}, "
+                             f"{tuple(weight.shape)}")
+        one_shot_all_reduce_add_rms_norm(x, residual, weight, eps, self.ptrs, self.counters,
+                                         self.capacity // x.element_size(), self.rank, self.world, self.waits)
+        return x, residual
 
     def wait_summary(self) -> str | None:
         """With ``MINIVLLM_CUSTOM_AR_WAITS=N`` (GPUs): ``summarize_waits`` of the last N calls; None when not recording."""
