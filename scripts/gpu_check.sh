@@ -4,6 +4,7 @@
 # sections: tests fp8kv bench06 bench8b ab fusedab latency hf hf8b profile profile8b sampler kernels serve serve8b
 #           tptests tpdebug pynccl car gemv tpab tpgemv tpsimple tpgpu tpfp8 tpprofile tp tp32 topo tp4
 #   topo: nvidia-smi topo -m (how the GPUs are linked)
+#   tpfusednorm: Qwen3-8B at TP=2 with MINIVLLM_FUSED_AR_NORM=1 (all-reduce + add + RMSNorm in one kernel)
 #   tpwaits: Qwen3-8B at TP=2 with MINIVLLM_CUSTOM_AR_WAITS (each rank prints how long its all-reduces waited)
 #   tp4: on 4 GPUs, the custom all-reduce's and the TP GPU tests (TP=4 included), then all-reduce latency at 4 ranks
 #   car: the custom all-reduce's GPU test, then its latency against NCCL (bench_all_reduce.py, $AR_CONFIGS)
@@ -80,6 +81,8 @@ for s in $sections; do
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
     serve8b) timeout 400 bash scripts/serve_bench.sh "$R" qwen3-8b 2>&1 | tail -60 ;;
     topo) nvidia-smi topo -m | tee "$R/topo.txt" ;;
+    tpfusednorm) MINIVLLM_FUSED_AR_NORM=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 \
+                   --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_fused_norm.json" 2>&1 | tail -4 ;;
     tpwaits) MINIVLLM_CUSTOM_AR_WAITS=40000 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 \
                --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_waits.json" > "$R/tp_waits.txt" 2>&1
              grep -E "custom all-reduce|^ +2 " "$R/tp_waits.txt" ;;

@@ -98,6 +98,19 @@ def test_tp2_matches_tp1_kv_heads_replicated(tp2_untied, tiny_untied_model):
     assert _run(tp2_untied)[0] == _reference(tiny_untied_model)[0]
 
 
+def test_tp2_sums_in_the_norms_matches_tp1(tiny_untied_model, monkeypatch):
+    """``MINIVLLM_FUSED_AR_NORM=1``: o_proj / down_proj leave their sums to the next RMSNorm (here gloo's
+    all-reduce then the norm; on GPUs one kernel where the custom all-reduce takes it)."""
+    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", "1")
+    with LLM(tiny_untied_model, tensor_parallel_size=2, **KW) as llm:
+        layer = llm.executor.runner.model.model.layers[1]
+        assert not layer.self_attn.o_proj.reduce_results and not layer.mlp.down_proj.reduce_results
+        assert layer.input_layernorm.tp_group is not None and llm.executor.runner.model.model.norm.tp_group is not None
+        got = _run(llm)[0]
+    monkeypatch.delenv("MINIVLLM_FUSED_AR_NORM")
+    assert got == _reference(tiny_untied_model)[0]
+
+
 def test_tp2_chunked_prefill_small_cache(tiny_tied_model):
     ref, _ = _reference(tiny_tied_model, **CHUNKED)
     with LLM(tiny_tied_model, tensor_parallel_size=2, **KW, **CHUNKED) as llm:

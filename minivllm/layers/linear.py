@@ -107,10 +107,12 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Input features split across ranks; partial outputs summed with an all-reduce."""
+    """Input features split across ranks; partial outputs summed with an all-reduce (``reduce_results=False``:
+    left to the consumer, an RMSNorm with ``reduce_input``)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True):
         super().__init__(divide(input_size, tp_size()), output_size, bias, tp_dim=1)
+        self.reduce_results = reduce_results
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         if param.dim() == 1:  # bias: added once, on rank 0
@@ -120,6 +122,6 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = linear(x, self.weight, self.bias)
-        if self.tp_size > 1:
+        if self.tp_size > 1 and self.reduce_results:
             self.tp_group.all_reduce(y)
         return y

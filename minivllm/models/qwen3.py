@@ -16,17 +16,20 @@ from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minivllm.layers.rotary import RotaryEmbedding
+from minivllm.utils.parallel import fused_all_reduce_norm_enabled, tp_size
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str):
+    def __init__(self, cfg: ModelConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str,
+                 reduce_in_norm: bool = False):
         super().__init__()
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
                                           cfg.num_key_value_heads, bias=qkv_bias)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size)
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
+                                        reduce_results=not reduce_in_norm)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads, backend)
         self.qk_norm = qk_norm
@@ -56,10 +59,10 @@ class DecoderAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: bool = False):
+    def __init__(self, cfg: ModelConfig, fused: bool = False, reduce_in_norm: bool = False):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, reduce_results=not reduce_in_norm)
         self.act_fn = SiluAndMul(fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -67,13 +70,18 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str):
+    """NOTE: with ``reduce_in_norm`` (tensor parallel, ``MINIVLLM_FUSED_AR_NORM=1``) o_proj and down_proj
+    return partial sums and the norm that reads each (this layer's post-attention norm, the next
+    layer's input norm or the final norm, all given a residual) sums them."""
+
+    def __init__(self, cfg: ModelConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str,
+                 reduce_in_norm: bool = False):
         super().__init__()
         fused = backend == "triton"
-        self.self_attn = DecoderAttention(cfg, max_position, qk_norm, qkv_bias, backend)
-        self.mlp = MLP(cfg, fused)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
+        self.self_attn = DecoderAttention(cfg, max_position, qk_norm, qkv_bias, backend, reduce_in_norm)
+        self.mlp = MLP(cfg, fused, reduce_in_norm)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused, reduce_in_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused, reduce_in_norm)
 
     def forward(self, positions, x, residual, meta):
         if residual is None:
@@ -89,9 +97,10 @@ class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            [DecoderLayer(cfg, max_position, qk_norm, qkv_bias, backend) for _ in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend == "triton")
+        reduce_in_norm = tp_size() > 1 and fused_all_reduce_norm_enabled()
+        self.layers = nn.ModuleList([DecoderLayer(cfg, max_position, qk_norm, qkv_bias, backend, reduce_in_norm)
+                                     for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend == "triton", reduce_in_norm)
 
     def forward(self, input_ids, positions, meta):
         x, residual = self.embed_tokens(input_ids), None  # [n, hidden]

@@ -57,6 +57,15 @@ def custom_all_reduce_enabled() -> bool:
     return flag == "1"
 
 
+def fused_all_reduce_norm_enabled() -> bool:
+    """``MINIVLLM_FUSED_AR_NORM=1``: tensor-parallel models sum a row-parallel layer's output inside the next
+    RMSNorm (one kernel with the custom all-reduce). Off by default: not yet measured on GPUs."""
+    flag = os.environ.get("MINIVLLM_FUSED_AR_NORM", "0")
+    if flag not in ("0", "1"):
+        raise ValueError(f"MINIVLLM_FUSED_AR_NORM must be '0' or '1', not {flag!r}")
+    return flag == "1"
+
+
 def _options(cls):
     """Collective options with ``asyncOp=False``, as ``dist.all_reduce(..., async_op=False)`` sets.
 
@@ -120,6 +129,16 @@ class TPGroup:
         opts = _options(dist.AllreduceOptions)
         opts.reduceOp = _OPS[op]
         self.backend.allreduce([t], opts).wait()
+
+    def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Sum ``x`` over the ranks, and where the custom kernel takes the tensors also the residual add and
+        RMSNorm in the same launch: ``(x, residual)`` if it did all three, None if it only summed ``x``."""
+        car = self.custom_ar
+        if car is not None and car.fits_add_rms_norm(x, residual, weight):
+            return car.all_reduce_add_rms_norm(x, residual, weight, eps)
+        self.all_reduce(x)
+        return None
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
         """In place: every rank's ``t`` becomes rank ``src``'s (stream-ordered with NCCL)."""

@@ -45,6 +45,18 @@ def test_tp4_equals_tp1_float32(tiny_model):
     assert got == expected
 
 
+def test_tp2_fused_all_reduce_norm_equals_tp1(tiny_model, monkeypatch):
+    """``MINIVLLM_FUSED_AR_NORM=1``: row-parallel sums inside the next RMSNorm (one kernel), CUDA graphs."""
+    kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
+    with LLM(tiny_model, **kw) as one:
+        expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", "1")
+    with LLM(tiny_model, tensor_parallel_size=2, **kw) as two:
+        assert not two.executor.runner.model.model.layers[0].mlp.down_proj.reduce_results
+        got = [o["token_ids"] for o in two.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    assert got == expected
+
+
 def test_tp2_nccl_only_equals_tp1(tiny_model, monkeypatch):
     """The custom all-reduce off (``MINIVLLM_CUSTOM_AR=0``): NCCL does every sum, with CUDA graphs."""
     kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
