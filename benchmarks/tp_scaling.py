@@ -80,8 +80,7 @@ def measure(args: argparse.Namespace) -> dict:
                 "tpot_ms": 1000 * tpot, "device": llm.config.device, "dtype": llm.config.dtype,
                 "kv_cache_dtype": llm.config.kv_cache_dtype,
                 "custom_all_reduce": getattr(getattr(llm.executor.runner, "tp_group", None), "custom_ar", None) is not None,
-                "gemv": {k: os.environ[k] for k in ("MINIVLLM_GEMV", "MINIVLLM_GEMV_CFG")
-                         if k in os.environ}}
+                "env": {k: v for k, v in os.environ.items() if k.startswith(("MINIVLLM_", "NCCL_"))}}
     finally:
         llm.close()
 
