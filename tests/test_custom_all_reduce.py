@@ -208,6 +208,18 @@ def test_switch_and_max_bytes(monkeypatch):
         custom_all_reduce_enabled()
 
 
+def test_fused_all_reduce_norm_switch(monkeypatch):
+    from minivllm.utils.parallel import fused_all_reduce_norm_enabled
+
+    monkeypatch.delenv("MINIVLLM_FUSED_AR_NORM", raising=False)
+    assert not fused_all_reduce_norm_enabled()  # off until measured
+    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", "1")
+    assert fused_all_reduce_norm_enabled()
+    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", "on")
+    with pytest.raises(ValueError, match="MINIVLLM_FUSED_AR_NORM must be '0' or '1', not 'on'"):
+        fused_all_reduce_norm_enabled()
+
+
 def test_summarize_waits_finds_long_waits_and_their_spacing():
     from minivllm.utils.custom_all_reduce import summarize_waits
 
@@ -219,3 +231,16 @@ def test_summarize_waits_finds_long_waits_and_their_spacing():
     assert "rank 1: last 1000 of 2190 calls waited median 4.0 us" in text
     assert "13 waits > 100 us (8.45 ms)" in text and "{73: 12}" in text  # calls 1241, 1314, ... 2117
     assert summarize_waits(0, 0, [0] * 8) == "rank 0: no custom all-reduce calls"
+
+
+def test_wait_ring_size_reads_a_count_or_says_what_is_wrong(monkeypatch):
+    from minivllm.utils.custom_all_reduce import wait_ring_size
+
+    monkeypatch.delenv("MINIVLLM_CUSTOM_AR_WAITS", raising=False)
+    assert wait_ring_size() == 0
+    monkeypatch.setenv("MINIVLLM_CUSTOM_AR_WAITS", "40000")
+    assert wait_ring_size() == 40000
+    for bad in ("-1", "lots", "1e4"):
+        monkeypatch.setenv("MINIVLLM_CUSTOM_AR_WAITS", bad)
+        with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR_WAITS must be a count of calls"):
+            wait_ring_size()

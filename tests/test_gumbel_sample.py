@@ -102,3 +102,5 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match=r"\[B, V\] tensor"):
         gumbel_sample(torch.zeros(8), torch.zeros(8, dtype=torch.int64))
     assert gumbel_sample(torch.zeros(0, 8), torch.zeros(0, dtype=torch.int64)).shape == (0,)
+    with pytest.raises(ValueError, match="block_v must be a power of two, got 100"):
+        gumbel_sample(logits, torch.zeros(3, dtype=torch.int64), block_v=100)

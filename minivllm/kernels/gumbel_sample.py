@@ -70,6 +70,8 @@ def gumbel_sample(logits: torch.Tensor, seeds: torch.Tensor, temperature: torch.
     """
     if logits.dim() != 2 or logits.stride(-1) != 1:
         raise ValueError("logits must be a [B, V] tensor with contiguous rows")
+    if block_v < 1 or block_v & (block_v - 1):
+        raise ValueError(f"block_v must be a power of two, got {block_v}")
     batch, vocab = logits.shape
     if seeds.shape != (batch,) or seeds.dtype != torch.int64:
         raise ValueError("seeds must be an int64 tensor with one seed per row")

@@ -62,7 +62,7 @@ class CustomAllReduce:
         self.counters = torch.zeros(programs, dtype=torch.int32, device=self.device)  # [programs]
         self.block, self.num_warps = block, num_warps
         self._on_close = on_close
-        ring = int(os.environ.get("MINIVLLM_CUSTOM_AR_WAITS", "0"))  # a diagnostic: see wait_summary
+        ring = wait_ring_size()  # a diagnostic: see wait_summary
         self.waits = (torch.zeros(ring, dtype=torch.int64, device=self.device)
                       if ring > 0 and self.device.type == "cuda" else None)
 
@@ -116,6 +116,14 @@ class CustomAllReduce:
         if self._on_close is not None:
             fn, self._on_close = self._on_close, None
             fn()
+
+
+def wait_ring_size() -> int:
+    """``MINIVLLM_CUSTOM_AR_WAITS``: how many calls' waits to keep (0, the default: none)."""
+    text = os.environ.get("MINIVLLM_CUSTOM_AR_WAITS", "0")
+    if not text.isdigit():
+        raise ValueError(f"MINIVLLM_CUSTOM_AR_WAITS must be a count of calls (an integer >= 0), not {text!r}")
+    return int(text)
 
 
 def summarize_waits(rank: int, calls: int, ring: list[int]) -> str:

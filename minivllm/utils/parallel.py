@@ -49,21 +49,23 @@ def tp_cuda_graphs_enabled() -> bool:
     return forced == "1" if forced in ("0", "1") else nccl_comm_kind() == "pynccl"
 
 
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment switch: '1' or '0' (unset: ``default``); anything else is a clear error."""
+    flag = os.environ.get(name, "1" if default else "0")
+    if flag not in ("0", "1"):
+        raise ValueError(f"{name} must be '0' or '1', not {flag!r}")
+    return flag == "1"
+
+
 def custom_all_reduce_enabled() -> bool:
     """The one-shot all-reduce kernel for small sums on GPUs (pynccl path); ``MINIVLLM_CUSTOM_AR=0`` turns it off."""
-    flag = os.environ.get("MINIVLLM_CUSTOM_AR", "1")
-    if flag not in ("0", "1"):
-        raise ValueError(f"MINIVLLM_CUSTOM_AR must be '0' or '1', not {flag!r}")
-    return flag == "1"
+    return env_switch("MINIVLLM_CUSTOM_AR", True)
 
 
 def fused_all_reduce_norm_enabled() -> bool:
     """``MINIVLLM_FUSED_AR_NORM=1``: tensor-parallel models sum a row-parallel layer's output inside the next
     RMSNorm (one kernel with the custom all-reduce). Off by default: not yet measured on GPUs."""
-    flag = os.environ.get("MINIVLLM_FUSED_AR_NORM", "0")
-    if flag not in ("0", "1"):
-        raise ValueError(f"MINIVLLM_FUSED_AR_NORM must be '0' or '1', not {flag!r}")
-    return flag == "1"
+    return env_switch("MINIVLLM_FUSED_AR_NORM", False)
 
 
 def _options(cls):

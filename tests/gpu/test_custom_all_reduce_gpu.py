@@ -22,7 +22,8 @@ def _want(i: int, n: int, dtype, dev, world: int) -> torch.Tensor:
     return sum(_input(i, r, n, dtype, dev).float() for r in range(world)).to(dtype)  # rank order, one rounding
 
 
-def _worker(rank: int, world: int, port: int) -> dict:
+def _connect(rank: int, world: int, port: int):
+    """In a rank's process: ``(device, NCCL communicator, custom all-reduce)``."""
     import torch.distributed as dist
 
     from minivllm.utils.custom_all_reduce import create_custom_all_reduce
@@ -32,7 +33,11 @@ def _worker(rank: int, world: int, port: int) -> dict:
     torch.cuda.set_device(dev)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=60))
     comm = NcclCommunicator(store, rank, world, dev)
-    car = create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"))
+    return dev, comm, create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"))
+
+
+def _worker(rank: int, world: int, port: int) -> dict:
+    dev, comm, car = _connect(rank, world, port)
     out = {"created": car is not None}
     eager = []
     for i, (n, dtype) in enumerate(SIZES):  # eager, with a NCCL all-reduce between custom ones
@@ -91,17 +96,8 @@ def test_custom_all_reduce_exact_eager_and_in_cuda_graph(world):
 def _waits_worker(rank: int, world: int, port: int) -> dict:
     import os
 
-    import torch.distributed as dist
-
-    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
-    from minivllm.utils.pynccl import NcclCommunicator
-
     os.environ["MINIVLLM_CUSTOM_AR_WAITS"] = "64"
-    dev = torch.device("cuda", rank)
-    torch.cuda.set_device(dev)
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=60))
-    comm = NcclCommunicator(store, rank, world, dev)
-    car = create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"))
+    dev, comm, car = _connect(rank, world, port)
     exact = []
     for i in range(10):
         x = _input(i, rank, 4096, torch.bfloat16, dev)
@@ -128,17 +124,9 @@ NORM_SHAPES = [(1, 4096), (7, 4096), (256, 4096), (3, 5120)]
 
 
 def _norm_worker(rank: int, world: int, port: int) -> list:
-    import torch.distributed as dist
-
     from minivllm.kernels.fused_norm import fused_add_rms_norm
-    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
-    from minivllm.utils.pynccl import NcclCommunicator
 
-    dev = torch.device("cuda", rank)
-    torch.cuda.set_device(dev)
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=60))
-    comm = NcclCommunicator(store, rank, world, dev)
-    car = create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"))
+    dev, comm, car = _connect(rank, world, port)
     out = []
     for i, (m, d) in enumerate(NORM_SHAPES):
         x = _input(i, rank, m * d, torch.bfloat16, dev).view(m, d)

@@ -32,41 +32,41 @@ def test_tp2_equals_tp1_float32(tiny_model, graphs):
     assert got == expected
 
 
+def _check_tp_equals_tp1(model: str, tp: int, check, monkeypatch, env: dict[str, str] | None = None) -> None:
+    """TP=``tp`` (CUDA graphs, ``env`` set) gives TP=1's greedy tokens in float32; ``check(runner)`` first."""
+    kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
+    with LLM(model, **kw) as one:
+        expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    with LLM(model, tensor_parallel_size=tp, **kw) as many:
+        check(many.executor.runner)
+        got = [o["token_ids"] for o in many.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    assert got == expected
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 CUDA GPUs")
-def test_tp4_equals_tp1_float32(tiny_model):
+def test_tp4_equals_tp1_float32(tiny_model, monkeypatch):
     """4 ranks, CUDA graphs and the custom all-reduce on each; the tiny models have fewer KV heads than 4
     (replicated) and 4 query heads (one a rank)."""
-    kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
-    with LLM(tiny_model, **kw) as one:
-        expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
-    with LLM(tiny_model, tensor_parallel_size=4, **kw) as four:
-        assert (four.executor.runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
-        got = [o["token_ids"] for o in four.generate(PROMPTS, GREEDY, use_tqdm=False)]
-    assert got == expected
+    def check(runner):
+        assert (runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
+    _check_tp_equals_tp1(tiny_model, 4, check, monkeypatch)
 
 
 def test_tp2_fused_all_reduce_norm_equals_tp1(tiny_model, monkeypatch):
     """``MINIVLLM_FUSED_AR_NORM=1``: row-parallel sums inside the next RMSNorm (one kernel), CUDA graphs."""
-    kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
-    with LLM(tiny_model, **kw) as one:
-        expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
-    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", "1")
-    with LLM(tiny_model, tensor_parallel_size=2, **kw) as two:
-        assert not two.executor.runner.model.model.layers[0].mlp.down_proj.reduce_results
-        got = [o["token_ids"] for o in two.generate(PROMPTS, GREEDY, use_tqdm=False)]
-    assert got == expected
+    def check(runner):
+        assert not runner.model.model.layers[0].mlp.down_proj.reduce_results
+        assert (runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
+    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_FUSED_AR_NORM": "1"})
 
 
 def test_tp2_nccl_only_equals_tp1(tiny_model, monkeypatch):
     """The custom all-reduce off (``MINIVLLM_CUSTOM_AR=0``): NCCL does every sum, with CUDA graphs."""
-    kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
-    with LLM(tiny_model, **kw) as one:
-        expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
-    monkeypatch.setenv("MINIVLLM_CUSTOM_AR", "0")
-    with LLM(tiny_model, tensor_parallel_size=2, **kw) as two:
-        assert two.executor.runner.tp_group.custom_ar is None
-        got = [o["token_ids"] for o in two.generate(PROMPTS, GREEDY, use_tqdm=False)]
-    assert got == expected
+    def check(runner):
+        assert runner.tp_group.custom_ar is None
+    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_CUSTOM_AR": "0"})
 
 
 def test_killed_worker_on_gpu_raises_clear_error(tiny_tied_model):
