@@ -6,6 +6,13 @@ One process per GPU. Each size is checked first (custom == the float32 sum of ev
 the same bits on every rank, for every kernel configuration in ``--configs``), then timed as a
 CUDA graph of ``--calls`` in-place all-reduces replayed ``--iters`` times (what a decode step's
 graph does): microseconds per all-reduce.
+
+    PYTHONPATH=. python benchmarks/bench_all_reduce.py --world 2 --fused-norm [--rows 1 8 64 256]
+
+``--fused-norm``: a row-parallel layer's sum followed by the residual add + RMSNorm of [M, 4096] bf16
+rows, as two kernels (the custom all-reduce, then ``fused_add_rms_norm``) against the one fused
+kernel at each tile height in ``--tile-rows`` (0: the kernel's default); the fused results are
+checked bit-equal to the two-kernel path first.
 """
 
 from __future__ import annotations
@@ -74,6 +81,79 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[d
     return rows
 
 
+def fused_norm_worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
+    import torch.distributed as dist
+
+    from minivllm.kernels.fused_norm import fused_add_rms_norm
+    from minivllm.kernels.one_shot_all_reduce import norm_tile_rows, one_shot_all_reduce_add_rms_norm
+    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
+    from minivllm.utils.pynccl import NcclCommunicator
+
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=120))
+    comm = NcclCommunicator(store, rank, world, dev)
+    car = create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"))
+    if car is None:
+        raise RuntimeError("custom all-reduce setup failed (see the warning above)")
+    d, eps = args.dim, 1e-6
+    w = (1 + 0.1 * torch.randn(d, device=dev, generator=torch.Generator(dev).manual_seed(1))).to(torch.bfloat16)
+    def measure(m: int) -> dict:
+        car.max_bytes = max(car.max_bytes, m * d * 2)
+
+        def gen(seed: int) -> torch.Tensor:
+            return torch.randn(m, d, device=dev, generator=torch.Generator(dev).manual_seed(seed)).to(torch.bfloat16)
+
+        x0, r0 = gen(100 * m + rank), gen(100 * m + 50)
+        x, r = x0.clone(), r0.clone()
+        car.all_reduce(x)
+        want = fused_add_rms_norm(x, r, w, eps)
+        tiles = [t or norm_tile_rows(m, d, car.counters.numel()) for t in args.tile_rows]
+        exact = True
+        for t in tiles:
+            x, r = x0.clone(), r0.clone()
+            one_shot_all_reduce_add_rms_norm(x, r, w, eps, car.ptrs, car.counters, car.capacity // 2, rank, world,
+                                             rows=t)
+            torch.cuda.synchronize()
+            exact &= bool(torch.equal(x, want[0]) and torch.equal(r, want[1]))
+        z, zr = torch.zeros(m, d, device=dev, dtype=torch.bfloat16), torch.zeros(m, d, device=dev, dtype=torch.bfloat16)
+
+        def two_kernels():
+            car.all_reduce(z)
+            fused_add_rms_norm(z, zr, w, eps, inplace=True)
+
+        def fused(t: int):
+            one_shot_all_reduce_add_rms_norm(z, zr, w, eps, car.ptrs, car.counters, car.capacity // 2, rank, world,
+                                             rows=t)
+
+        t_two = time_in_graph(two_kernels, args.calls, args.iters)
+        t_fused = [time_in_graph(lambda t=t: fused(t), args.calls, args.iters) for t in tiles]
+        return {"m": m, "two_kernels_us": t_two, "fused_us": t_fused, "tiles": tiles, "exact": exact}
+
+    rows = [measure(m) for m in args.rows if m * d * 2 <= car.capacity]
+    car.close()
+    comm.abort()
+    return rows
+
+
+def main_fused_norm(args: argparse.Namespace) -> None:
+    results = run_ranks(fused_norm_worker, args.world, args, timeout=args.timeout)
+    if any(isinstance(r, str) for r in results.values()):
+        raise SystemExit(f"failed: {results}")
+    rows = results[0]
+    print(f"all-reduce + add + RMSNorm of [M, {args.dim}] bf16 over {args.world} x {torch.cuda.get_device_name(0)}"
+          f" (CUDA graph of {args.calls}, {args.iters} replays; MINIVLLM_PDL={os.environ.get('MINIVLLM_PDL', '0')})")
+    print(f"{'M':>6}{'2 kernels us':>14}" + "".join(f"{'fused t=' + str(t or 'auto'):>14}" for t in args.tile_rows)
+          + f"{'exact':>7}")
+    for i, r in enumerate(rows):
+        exact = all(results[k][i]["exact"] for k in results)
+        print(f"{r['m']:>6}{r['two_kernels_us']:>14.2f}" + "".join(f"{t:>14.2f}" for t in r["fused_us"])
+              + f"{str(exact):>7}   (auto = {r['tiles'][args.tile_rows.index(0)] if 0 in args.tile_rows else '-'})")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"world": args.world, "dim": args.dim, "rows": rows, "by_rank": results}, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=2)
@@ -84,7 +164,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50, help="graph replays timed")
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--fused-norm", action="store_true", help="time the all-reduce + add + RMSNorm kernel instead")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 128, 256, 512])
+    ap.add_argument("--tile-rows", type=int, nargs="+", default=[0, 1, 2, 4, 8])
+    ap.add_argument("--dim", type=int, default=4096)
     args = ap.parse_args()
+    if args.fused_norm:
+        return main_fused_norm(args)
     results = run_ranks(worker, args.world, args, timeout=args.timeout)
     rows = results[0]
     if isinstance(rows, str) or any(isinstance(r, str) for r in results.values()):

@@ -1,10 +1,11 @@
-"""Compile the tensor-parallel and sampler Triton kernels for a Hopper GPU (sm_90) without one.
+"""Compile the decode-path Triton kernels for a Hopper GPU (sm_90) without one.
 
     python scripts/compile_check.py
 
 Triton's ahead-of-time path runs the whole pipeline (TTIR -> PTX -> cubin with the bundled ptxas),
-so a kernel that would not build on the device fails here. It says nothing about speed or results:
-the GPU tests do that.
+so a kernel that would not build on the device fails here. Kernels built with ``USE_PDL`` must
+carry the ``griddepcontrol`` instructions of programmatic dependent launch in their PTX. It says
+nothing about speed or results: the GPU tests do that.
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from minivllm.kernels import (
+    fused_act,
+    fused_norm,
+    fused_rope,
+    gemv,
+    paged_attention,
+    paged_decode,
+    store_kvcache,
+)
 from minivllm.kernels import gumbel_sample as gs
 from minivllm.kernels import one_shot_all_reduce as ar
 
@@ -24,12 +34,53 @@ AR_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "cap": "i32", "ptrs"
 NORM_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32", "D": "i32", "eps": "fp32",
             "cap": "i32", "ptrs": "*i64", "counters": "*i32", "waits": "*i64"}
 KERNELS = [
-    *[(f"one-shot all-reduce, {w} ranks, wait ring {ring}", ar._one_shot_all_reduce_kernel, AR_SIG,
-       {"RANK": 0, "WORLD": w, "BLOCK": 2048, "CHECK_EVERY": 1024, "WAIT_RING": ring})
-      for w in (2, 4) for ring in (0, 64)],
-    *[(f"all-reduce + add + RMSNorm, {w} ranks, wait ring {ring}", ar._one_shot_all_reduce_add_rms_norm_kernel,
-       NORM_SIG, {"RANK": 1, "WORLD": w, "BLOCK_D": 4096, "CHECK_EVERY": 1024, "WAIT_RING": ring})
-      for w in (2, 4) for ring in (0, 64)],
+    *[(f"one-shot all-reduce, {w} ranks, wait ring {ring}{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_kernel, AR_SIG,
+       {"RANK": 0, "WORLD": w, "BLOCK": 2048, "CHECK_EVERY": 1024, "WAIT_RING": ring, "USE_PDL": pdl})
+      for w in (2, 4) for ring, pdl in ((0, False), (64, True))],
+    *[(f"all-reduce + add + RMSNorm, {w} ranks, wait ring {ring}{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_add_rms_norm_kernel,
+       NORM_SIG, {"RANK": 1, "WORLD": w, "BLOCK_D": 4096, "ROWS": 2, "CHECK_EVERY": 1024, "WAIT_RING": ring, "USE_PDL": pdl})
+      for w in (2, 4) for ring, pdl in ((0, False), (64, True))],
+    ("GEMV (PDL)", gemv._gemv_kernel,
+     {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+      "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
+     {"HAS_BIAS": False, "DOT_F32": False, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "NUM_STAGES": 4,
+      "USE_PDL": True}),
+    ("add + RMSNorm (PDL)", fused_norm._rms_norm_kernel,
+     {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
+      "stride_x": "i32", "stride_res": "i32", "stride_out": "i32", "stride_res_out": "i32", "d": "i32", "eps": "fp32"},
+     {"HAS_RESIDUAL": True, "BLOCK_D": 4096, "USE_PDL": True}),
+    ("SiLU-and-mul (PDL)", fused_act._silu_and_mul_kernel,
+     {"x_ptr": "*bf16", "out_ptr": "*bf16", "stride_x": "i32", "stride_out": "i32", "d": "i32"},
+     {"BLOCK": 1024, "USE_PDL": True}),
+    ("q/k norm + RoPE (PDL)", fused_rope._qk_norm_rope_kernel,
+     {**dict.fromkeys(("q_ptr", "k_ptr", "qo_ptr", "ko_ptr"), "*bf16"), "pos_ptr": "*i64", "cache_ptr": "*fp32",
+      "qw_ptr": "*bf16", "kw_ptr": "*bf16",
+      **dict.fromkeys(("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_qot", "stride_qoh", "stride_kot",
+                       "stride_koh", "stride_cache", "num_q_heads", "num_k_heads"), "i32"), "eps": "fp32"},
+     {"HALF": 64, "HAS_NORM": True, "BLOCK_H": 8, "BLOCK_HALF": 64, "USE_PDL": True}),
+    ("KV store (PDL)", store_kvcache._store_kvcache_kernel,
+     {**dict.fromkeys(("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr"), "*bf16"), "slot_mapping_ptr": "*i64",
+      **dict.fromkeys(("stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_kcb", "stride_kcs", "stride_kch",
+                       "stride_vcb", "stride_vcs", "stride_vch"), "i32")},
+     {"NUM_KV_HEADS": 4, "HEAD_DIM": 128, "BLOCK_H": 4, "BLOCK_D": 128, "BLOCK_SIZE": 256, "SAT": 0, "USE_PDL": True}),
+    ("split-KV decode (PDL)", paged_decode._split_kv_decode_kernel,
+     {**dict.fromkeys(("m_part_ptr", "l_part_ptr", "acc_part_ptr"), "*fp32"), "q_ptr": "*bf16", "k_cache_ptr": "*bf16",
+      "v_cache_ptr": "*bf16", "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32",
+      **dict.fromkeys(("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs",
+                       "stride_vh", "stride_bt"), "i32")},
+     {"NUM_HEADS": 16, "NUM_SPLITS": 8, "GROUP": 4, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_SIZE": 256, "HEAD_DIM": 128,
+      "HEAD_DIM_PAD": 128, "DOT_F32": False, "USE_PDL": True}),
+    ("split-KV reduce (PDL)", paged_decode._split_kv_reduce_kernel,
+     {"out_ptr": "*bf16", **dict.fromkeys(("m_part_ptr", "l_part_ptr", "acc_part_ptr"), "*fp32"),
+      "stride_ot": "i32", "stride_oh": "i32"},
+     {"NUM_HEADS": 16, "NUM_SPLITS": 8, "SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_DIM_PAD": 128, "USE_PDL": True}),
+    ("paged attention (PDL)", paged_attention._paged_attention_kernel,
+     {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "cu_seqlens_q_ptr": "*i32",
+      "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32",
+      **dict.fromkeys(("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
+                       "stride_vb", "stride_vs", "stride_vh", "stride_bt"), "i32")},
+     {"GROUP": 4, "G_PAD": 4, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_SIZE": 256, "HEAD_DIM": 128, "HEAD_DIM_PAD": 128,
+      "IS_DECODE": False, "DOT_F32": False, "USE_PDL": True}),
     ("Gumbel chunk", gs._gumbel_chunk_kernel,
      {"logits_ptr": "*bf16", "stride_b": "i32", "temperature_ptr": "*fp32", "seeds_ptr": "*i64",
       "best_ptr": "*fp32", "idx_ptr": "*i32", "V": "i32", "C": "i32"}, {"HAS_TEMPERATURE": True, "BLOCK_V": 4096}),
@@ -44,6 +95,9 @@ def main() -> int:
         try:
             kernel = triton.compile(ASTSource(fn=fn, signature={**sig, **dict.fromkeys(consts, "constexpr")},
                                               constexprs=consts), target=TARGET)
+            if consts.get("USE_PDL") and not all(f"griddepcontrol.{op}" in kernel.asm["ptx"]
+                                                 for op in ("wait", "launch_dependents")):
+                raise RuntimeError("USE_PDL: griddepcontrol.wait / launch_dependents missing from the PTX")
             print(f"ok    {name} (cubin {len(kernel.asm['cubin'])} bytes)")
         except Exception as e:  # noqa: BLE001 - reported, then the exit status says it
             failed += 1

@@ -23,7 +23,8 @@ CAPACITY = 64 * 1024  # bytes per buffer slot
 PROGRAMS = 3
 # (numel, dtype): sizes that leave programs idle, span several chunks per program, end mid-block
 CALLS = [(1000, torch.float32), (4096, torch.bfloat16), (1, torch.float32), (5000, torch.float16),
-         (16384, torch.float32), (37, torch.bfloat16), (3000, torch.float32), (4096, torch.bfloat16)]
+         (16384, torch.float32), (37, torch.bfloat16), (3000, torch.float32), (4096, torch.bfloat16),
+         (2048, torch.float32)]
 
 
 def _inputs(call: int, rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -50,9 +51,10 @@ def _map(path: str, nbytes: int) -> torch.Tensor:
 
 
 # fused all-reduce + add + RMSNorm calls, (rows, dim, dtype), between plain ones (the two kernels
-# share flags and epochs); float32 / float16: the interpreter's bfloat16 cast truncates
+# share flags and epochs); float32 / float16: the interpreter's bfloat16 cast truncates. Tiles of
+# several rows with masked rows (3, 5, 7 rows), and 30 rows of 1024: 8-row tiles, two per program
 NORM_CALLS = {1: (3, 40, torch.float32), 3: (5, 96, torch.float16), 4: (1, 64, torch.float32),
-              6: (7, 33, torch.float32)}
+              6: (7, 33, torch.float32), 7: (30, 1024, torch.float16)}
 EPS = 1e-6
 
 

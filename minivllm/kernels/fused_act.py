@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.pdl import pdl_options, pdl_wait
+
 
 @triton.jit
 def _silu_and_mul_kernel(
@@ -20,7 +22,9 @@ def _silu_and_mul_kernel(
     stride_out,
     d,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = offs < d
@@ -49,5 +53,5 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     block = min(triton.next_power_of_2(d), 1024)
     grid = (n, triton.cdiv(d, block))
     _silu_and_mul_kernel[grid](x2, out2, x2.stride(0), out2.stride(0), d, BLOCK=block,
-                               num_warps=max(1, min(4, block // 256)))
+                               num_warps=max(1, min(4, block // 256)), **pdl_options(x2))
     return out

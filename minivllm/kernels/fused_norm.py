@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.pdl import pdl_options, pdl_wait
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -33,7 +35,9 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     mask = offs < d
@@ -79,7 +83,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     block_d = triton.next_power_of_2(d)
     _rms_norm_kernel[(n,)](
         x2, x2, weight, out2, out2, x2.stride(0), 0, out2.stride(0), 0, d, eps,
-        HAS_RESIDUAL=False, BLOCK_D=block_d, num_warps=_num_warps(block_d),
+        HAS_RESIDUAL=False, BLOCK_D=block_d, num_warps=_num_warps(block_d), **pdl_options(x2),
     )
     return out
 
@@ -115,6 +119,6 @@ def fused_add_rms_norm(
     block_d = triton.next_power_of_2(d)
     _rms_norm_kernel[(n,)](
         x2, r2, weight, out2, nr2, x2.stride(0), r2.stride(0), out2.stride(0), nr2.stride(0), d, eps,
-        HAS_RESIDUAL=True, BLOCK_D=block_d, num_warps=_num_warps(block_d),
+        HAS_RESIDUAL=True, BLOCK_D=block_d, num_warps=_num_warps(block_d), **pdl_options(x2),
     )
     return out, new_res

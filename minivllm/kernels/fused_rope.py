@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.pdl import pdl_options, pdl_wait
+
 
 @triton.jit
 def _norm_rope_heads(
@@ -79,7 +81,9 @@ def _qk_norm_rope_kernel(
     HAS_NORM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     dt = qo_ptr.dtype.element_ty
@@ -141,6 +145,6 @@ def qk_norm_rope(
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         cos_sin_cache.stride(0), hq, hkv, eps,
         HALF=half, HAS_NORM=has_norm, BLOCK_H=block_h, BLOCK_HALF=block_half,
-        num_warps=max(1, min(8, block_h * block_half // 128)),
+        num_warps=max(1, min(8, block_h * block_half // 128)), **pdl_options(q),
     )
     return q_out, k_out

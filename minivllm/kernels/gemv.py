@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.pdl import pdl_options, pdl_wait
+
 MAX_ROWS = 16  # the dot's M tile; more rows go to cuBLAS
 # NOTE: measured faster than cuBLAS (2 x H200, 2026-11-22) from 8M-element weights up (the 8B layers,
 # TP=1 and 2); smaller ones (Qwen3-0.6B's) stay on cuBLAS, unmeasured here
@@ -42,7 +44,9 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
@@ -102,5 +106,5 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, w, bias if bias is not None else out, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, DOT_F32=interpret and x.dtype != torch.float32, BLOCK_M=MAX_ROWS,
-        BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, num_warps=warps)
+        BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, num_warps=warps, **pdl_options(x))
     return out

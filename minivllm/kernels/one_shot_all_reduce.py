@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.pdl import pdl_options, pdl_wait
+
 try:
     from triton.language.extra.cuda import globaltimer
 except ImportError:  # pragma: no cover - older Triton: no wait records
@@ -105,7 +107,9 @@ def _one_shot_all_reduce_kernel(
     BLOCK: tl.constexpr,
     CHECK_EVERY: tl.constexpr,
     WAIT_RING: tl.constexpr,  # 0: no records (a diagnostic; GPUs only)
+    USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
     epoch = tl.load(counters + pid) + 1
@@ -139,33 +143,41 @@ def _one_shot_all_reduce_add_rms_norm_kernel(
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    ROWS: tl.constexpr,  # rows a program handles at once (a [ROWS, BLOCK_D] tile)
     CHECK_EVERY: tl.constexpr,
     WAIT_RING: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     # NOTE: the same flags, halves and per-program epochs as _one_shot_all_reduce_kernel (the two
-    # interleave on one buffer), but program pid owns whole rows pid, pid + grid, ...
+    # interleave on one buffer), but program pid owns whole rows pid, pid + grid, ..., ROWS of them a tile
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     dt = x_ptr.dtype.element_ty
     epoch = tl.load(counters + pid) + 1
     half = (epoch % 2).to(tl.int64) * WORLD * cap
     offs = tl.arange(0, BLOCK_D)  # [BLOCK_D]
-    mask = offs < D
-    for row in range(pid, M, nprog):
-        off = row * D + offs  # (< cap: int32 is enough)
+    d_mask = offs < D
+    tile = tl.arange(0, ROWS) * nprog  # [ROWS] row offsets of a tile
+    for base in range(pid, M, nprog * ROWS):
+        rows = base + tile  # [ROWS]
+        mask = (rows < M)[:, None] & d_mask[None, :]  # [ROWS, BLOCK_D]
+        off = rows[:, None] * D + offs[None, :]  # [ROWS, BLOCK_D] (< cap: int32 is enough)
         _push_row(tl.load(x_ptr + off, mask=mask), ptrs, off, mask, half, cap, RANK, WORLD)
     _signal_and_wait(ptrs, pid, epoch, waits, RANK, WORLD, CHECK_EVERY, WAIT_RING)
     own = tl.load(ptrs + RANK).to(tl.pointer_type(dt)) + half
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_D]
-    for row in range(pid, M, nprog):
-        off = row * D + offs  # (< cap: int32 is enough)
+    w = tl.load(w_ptr + offs, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_D]
+    for base in range(pid, M, nprog * ROWS):
+        rows = base + tile
+        mask = (rows < M)[:, None] & d_mask[None, :]
+        off = rows[:, None] * D + offs[None, :]
         total = _sum_slots(x_ptr, own, off, mask, cap, RANK, WORLD).to(dt)  # the all-reduce's result
         # NOTE: then fused_norm's ops: h = sum + residual in x's dtype, normalised rounded first
         h = (total.to(tl.float32) + tl.load(res_ptr + off, mask=mask, other=0.0).to(tl.float32)).to(dt)
         tl.store(res_ptr + off, h, mask=mask)
-        hf = h.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)
-        normed = (hf * rstd).to(dt).to(tl.float32)
+        hf = h.to(tl.float32)  # [ROWS, BLOCK_D]
+        rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=1) / D + eps)  # [ROWS]
+        normed = (hf * rstd[:, None]).to(dt).to(tl.float32)
         tl.store(x_ptr + off, (normed * w).to(dt), mask=mask)
     tl.store(counters + pid, epoch)
 
@@ -181,19 +193,29 @@ def one_shot_all_reduce(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, 
     ring = 0 if waits is None or globaltimer is None or not x.is_cuda else waits.numel()
     _one_shot_all_reduce_kernel[(counters.numel(),)](
         x, out, x.numel(), cap, ptrs, counters, waits if ring else counters, RANK=rank, WORLD=world, BLOCK=block,
-        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring, num_warps=num_warps)
+        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring, num_warps=num_warps, **pdl_options(x))
+
+
+def norm_tile_rows(m: int, d: int, programs: int, max_tile: int = 8192) -> int:
+    """Rows a program of the fused kernel handles at once: enough for its share of ``m`` rows, at most
+    ``max_tile`` elements a tile (a power of two)."""
+    share = triton.next_power_of_2(max(1, triton.cdiv(m, programs)))
+    return max(1, min(share, max_tile // triton.next_power_of_2(d)))
 
 
 def one_shot_all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                                      ptrs: torch.Tensor, counters: torch.Tensor, cap: int, rank: int, world: int,
-                                     waits: torch.Tensor | None = None) -> None:
+                                     waits: torch.Tensor | None = None, rows: int | None = None) -> None:
     """In place: ``residual = sum_ranks(x) + residual``, ``x = rms_norm(residual) * weight`` (``fused_norm``'s
     numerics) for contiguous ``[M, D]`` ``x`` and ``residual``; the same buffers and counters as
-    ``one_shot_all_reduce``."""
+    ``one_shot_all_reduce``. ``rows``: a program's tile height (default ``norm_tile_rows``; the result
+    does not depend on it)."""
     d = x.shape[-1]
+    m = x.numel() // d
     block_d = triton.next_power_of_2(d)
+    rows = rows or norm_tile_rows(m, d, counters.numel())
     ring = 0 if waits is None or globaltimer is None or not x.is_cuda else waits.numel()
     _one_shot_all_reduce_add_rms_norm_kernel[(counters.numel(),)](
-        x, residual, weight, x.numel() // d, d, eps, cap, ptrs, counters, waits if ring else counters,
-        RANK=rank, WORLD=world, BLOCK_D=block_d, CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring,
-        num_warps=max(1, min(16, block_d // 256)))
+        x, residual, weight, m, d, eps, cap, ptrs, counters, waits if ring else counters,
+        RANK=rank, WORLD=world, BLOCK_D=block_d, ROWS=rows, CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring,
+        num_warps=max(1, min(16, block_d // 256)), **pdl_options(x))

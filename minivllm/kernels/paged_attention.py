@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_f32
+from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 
 @triton.jit
@@ -58,7 +59,9 @@ def _paged_attention_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     IS_DECODE: tl.constexpr,  # one query per row, token index == row (cu_seqlens_q not read)
     DOT_F32: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
     row = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -170,6 +173,6 @@ def paged_attention(
         GROUP=group, G_PAD=g_pad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         IS_DECODE=is_decode, DOT_F32=dot_f32(query),
-        num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages, **pdl_options(query),
     )  # fmt: skip
     return out

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_f32
 from minivllm.kernels.paged_attention import paged_attention
+from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 
 @triton.jit
@@ -46,7 +47,9 @@ def _split_kv_decode_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     DOT_F32: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -100,7 +103,9 @@ def _split_kv_reduce_kernel(
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)  # [SPLITS_PAD]
@@ -197,13 +202,13 @@ def paged_decode_split_kv(
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group,
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, DOT_F32=dot_f32(query),
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=2, **pdl_options(query),
     )  # fmt: skip
     _split_kv_reduce_kernel[(num_rows, num_heads)](
         out, m_part, l_part, acc_part, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad,
-        num_warps=1 if d_pad * num_splits <= 1024 else 4,
+        num_warps=1 if d_pad * num_splits <= 1024 else 4, **pdl_options(query),
     )  # fmt: skip
     return out
 

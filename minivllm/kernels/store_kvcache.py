@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.pdl import pdl_options, pdl_wait
 from minivllm.kernels.reference import fp8_max
 
 
@@ -37,7 +38,9 @@ def _store_kvcache_kernel(
     BLOCK_D: tl.constexpr,  # next power of two >= HEAD_DIM
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     SAT: tl.constexpr,  # > 0: clamp to [-SAT, SAT] before the cast (FP8 e4m3 has no infinity)
+    USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + tok).to(tl.int64)
     if slot < 0:
@@ -92,4 +95,5 @@ def store_kvcache(
         BLOCK_SIZE=k_cache.shape[1],
         SAT=fp8_max(k_cache.dtype),
         num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
+        **pdl_options(key),
     )  # fmt: skip

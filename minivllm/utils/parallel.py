@@ -19,6 +19,8 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
+from minivllm.utils.env import env_switch
+
 # Collective timeout. NOTE: dead workers are detected by the executor's monitor long before
 # this; the timeout only ends waits on a peer that is alive but stuck.
 DEFAULT_TIMEOUT_S = float(os.environ.get("MINIVLLM_TP_TIMEOUT_S", "300"))
@@ -47,14 +49,6 @@ def tp_cuda_graphs_enabled() -> bool:
     """
     forced = os.environ.get("MINIVLLM_TP_CUDA_GRAPHS")
     return forced == "1" if forced in ("0", "1") else nccl_comm_kind() == "pynccl"
-
-
-def env_switch(name: str, default: bool) -> bool:
-    """An on/off environment switch: '1' or '0' (unset: ``default``); anything else is a clear error."""
-    flag = os.environ.get(name, "1" if default else "0")
-    if flag not in ("0", "1"):
-        raise ValueError(f"{name} must be '0' or '1', not {flag!r}")
-    return flag == "1"
 
 
 def custom_all_reduce_enabled() -> bool:

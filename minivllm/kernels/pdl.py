@@ -1,0 +1,55 @@
+"""Programmatic dependent launch (PDL, Hopper and later): a kernel's programs start while the one
+before it on the stream finishes, instead of after it.
+
+A decode step is ~500 small kernels (13 a layer at TP=2, most of them 2-15 us), and each one
+normally starts only after its predecessor has fully drained and the launch of the next has gone
+through the GPU's front end. With PDL (``launch_pdl=True``, kept in CUDA graphs as programmatic
+edges) the next kernel's programs are launched as soon as every program of the running kernel has
+called ``gdc_launch_dependents`` (or exited), and they block in ``gdc_wait`` until that kernel has
+completed and its writes are visible.
+
+NOTE: the invariant every kernel launched with :func:`pdl_options` keeps: ``pdl_wait`` is its first
+statement, before any global load or store, in every program (early returns included). Then a
+kernel sees everything written by every kernel before it on the stream (each predecessor itself
+waited for its own predecessor before completing), and it cannot overwrite what a predecessor still
+reads. Kernels launched without PDL (cuBLAS, NCCL, torch) keep the ordinary stream order.
+
+``MINIVLLM_PDL=1`` turns it on (off by default until measured); CPU tensors, the Triton interpreter
+and GPUs before compute capability 9.0 never use it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.utils.env import env_switch
+
+
+@functools.cache
+def _hopper_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def use_pdl(t: torch.Tensor) -> bool:
+    """Whether kernels working on ``t`` launch with PDL (``MINIVLLM_PDL=1``, a CUDA tensor on sm_90+)."""
+    if not t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" or not env_switch("MINIVLLM_PDL", False):
+        return False
+    return _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def pdl_options(t: torch.Tensor) -> dict:
+    """Keyword arguments for a launch of a kernel with a ``USE_PDL`` constexpr that calls :func:`pdl_wait`."""
+    return {"USE_PDL": True, "launch_pdl": True} if use_pdl(t) else {"USE_PDL": False}
+
+
+@triton.jit
+def pdl_wait(USE_PDL: tl.constexpr):
+    """Wait for the previous kernel on the stream (all its writes visible), then let the next one launch."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
