@@ -5,6 +5,10 @@
 #           tptests tpdebug pynccl car gemv tpab tpgemv tpsimple tpgpu tpfp8 tpprofile tp tp32 topo tp4
 #   topo: nvidia-smi topo -m (how the GPUs are linked)
 #   tpfusednorm: Qwen3-8B at TP=2 with MINIVLLM_FUSED_AR_NORM=1 (all-reduce + add + RMSNorm in one kernel)
+#   pdltests: the PDL GPU tests (decode kernels and engine, TP=2 with PDL), the custom all-reduce's tests
+#   pdlbench: bench_pdl.py (36 layers of decode kernels in a graph, PDL off / on)
+#   arnorm: bench_all_reduce.py --fused-norm (all-reduce + add + RMSNorm: two kernels vs fused), PDL off and on
+#   tppdl / tppdlnorm: Qwen3-8B at TP=2 with MINIVLLM_PDL=1 (and MINIVLLM_FUSED_AR_NORM=1)
 #   tpwaits: Qwen3-8B at TP=2 with MINIVLLM_CUSTOM_AR_WAITS (each rank prints how long its all-reduces waited)
 #   tp4: on 4 GPUs, the custom all-reduce's and the TP GPU tests (TP=4 included), then all-reduce latency at 4 ranks
 #   car: the custom all-reduce's GPU test, then its latency against NCCL (bench_all_reduce.py, $AR_CONFIGS)
@@ -89,6 +93,15 @@ for s in $sections; do
     tp4) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_custom_all_reduce_gpu.py tests/gpu/test_tp_gpu.py \
            > "$R/tp4_tests.log" 2>&1; tail -6 "$R/tp4_tests.log"
          timeout 150 python3 benchmarks/bench_all_reduce.py --world 4 ${AR_CONFIGS:+--configs $AR_CONFIGS} --json-out "$R/all_reduce_w4.json" 2>&1 | tail -12 ;;
+    pdltests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pdl_gpu.py tests/gpu/test_custom_all_reduce_gpu.py \
+                "tests/gpu/test_tp_gpu.py::test_tp2_pdl_equals_tp1" > "$R/pdl_tests.log" 2>&1; tail -6 "$R/pdl_tests.log" ;;
+    pdlbench) timeout 200 python3 benchmarks/bench_pdl.py --json-out "$R/pdl_bench.json" 2>&1 | tail -6 ;;
+    arnorm) for p in 0 1; do MINIVLLM_PDL=$p timeout 120 python3 benchmarks/bench_all_reduce.py --world 2 --fused-norm \
+              --rows 1 8 64 128 256 512 1024 --json-out "$R/ar_norm_pdl$p.json" 2>&1 | tail -10; done ;;
+    tppdl) MINIVLLM_PDL=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 --model benchmarks/configs/qwen3-8b \
+             --tp 2 --json-out "$R/tp_8b_pdl.json" 2>&1 | tail -4 ;;
+    tppdlnorm) MINIVLLM_PDL=1 MINIVLLM_FUSED_AR_NORM=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 \
+                 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_pdl_fused_norm.json" 2>&1 | tail -4 ;;
     *) echo "unknown section $s" ;;
   esac
   save

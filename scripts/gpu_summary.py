@@ -15,6 +15,11 @@ def main(folder: str) -> None:
             rows.append((path.stem, r.get("device_name", "?"), "TPOT ms (median)", r["tpot_ms"]["median"],
                          None, None, f"TTFT median {r['ttft_ms']['median']:.2f} ms"))
             continue
+        if "results" in r and r["results"] and "pdl_off_us" in r["results"][0]:  # bench_pdl.py
+            for x in r["results"]:
+                rows.append((f"{path.stem} rows={x['rows']}", "?", "step us PDL on", x["pdl_on_us"], None, None,
+                             f"PDL off {x['pdl_off_us']:.1f} us ({x['layers']} layers)"))
+            continue
         if "results" in r and isinstance(r["results"], list):  # tp_scaling.py
             for x in r["results"]:
                 if "error" not in x:
