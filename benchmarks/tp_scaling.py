@@ -38,6 +38,39 @@ def _workload(args: argparse.Namespace, vocab: int):
     return prompts, params
 
 
+BUCKETS = [(1, 16), (17, 64), (65, 128), (129, 192), (193, 256), (257, 1 << 30)]
+
+
+def step_breakdown(trace: list[tuple[int, int, float]]) -> list[dict]:
+    """Where a run's wall time went, from each ``step()``'s (prefill tokens, decode tokens, seconds).
+
+    NOTE: with asynchronous scheduling a call launches one step and waits for the previous one, so
+    its time is the previous step's device time in steady state; counts are per scheduled step.
+    """
+    rows = [{"kind": "with prefill", "steps": 0, "seconds": 0.0, "tokens": 0}]
+    rows += [{"kind": f"decode {lo}-{hi if hi < 1 << 30 else 'up'} rows", "steps": 0, "seconds": 0.0, "tokens": 0}
+             for lo, hi in BUCKETS]
+    for prefill, decode, sec in trace:
+        i = 0 if prefill else 1 + next(j for j, (lo, hi) in enumerate(BUCKETS) if lo <= decode <= hi)
+        rows[i]["steps"] += 1
+        rows[i]["seconds"] += sec
+        rows[i]["tokens"] += decode
+    return [r for r in rows if r["steps"]]
+
+
+def _traced_step(llm, trace: list):
+    """Wrap ``llm.step`` to append (prefill tokens, decode tokens, seconds) of each call to ``trace``."""
+    step = llm.step
+
+    def traced():
+        t = time.perf_counter()
+        outputs, stats = step()
+        trace.append((stats.num_prefill_tokens, stats.num_decode_tokens, time.perf_counter() - t))
+        return outputs, stats
+
+    return traced
+
+
 def measure(args: argparse.Namespace) -> dict:
     """One TP size, in this process: the throughput run, then the one-request latency run."""
     sys.path.insert(0, REPO)
@@ -59,9 +92,16 @@ def measure(args: argparse.Namespace) -> dict:
         # warm-up: chunked prefill, mixed steps, sampling at the workload's temperature, so that the
         # Triton kernels it needs are compiled before the clock starts (a cold cache cost ~1.7 s)
         llm.generate(warm_prompts, SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=8), use_tqdm=False)
+        trace: list[tuple[int, int, float]] = []
+        llm.step = _traced_step(llm, trace)
         t = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - t
+        del llm.step
+        breakdown = step_breakdown(trace)
+        for r in breakdown:
+            print(f"  {r['kind']:<22} {r['steps']:>5} steps {r['seconds']:>7.3f} s "
+                  f"{1000 * r['seconds'] / r['steps']:>7.2f} ms/step", file=sys.stderr)
         out_tokens = sum(p.max_tokens for p in params)
         rng = random.Random(1)
         prompt = [rng.randint(0, min(10000, vocab - 1)) for _ in range(args.latency_input_len)]
@@ -77,7 +117,7 @@ def measure(args: argparse.Namespace) -> dict:
         return {"tp": args.tp, "startup_s": startup, "kv_blocks": llm.executor.num_kvcache_blocks,
                 "throughput_tok_s": out_tokens / elapsed, "throughput_elapsed_s": elapsed,
                 "output_tokens": out_tokens, "latency_s": latency, "ms_per_token": 1000 * latency / n,
-                "tpot_ms": 1000 * tpot, "device": llm.config.device, "dtype": llm.config.dtype,
+                "tpot_ms": 1000 * tpot, "step_breakdown": breakdown, "device": llm.config.device, "dtype": llm.config.dtype,
                 "kv_cache_dtype": llm.config.kv_cache_dtype,
                 "custom_all_reduce": getattr(getattr(llm.executor.runner, "tp_group", None), "custom_ar", None) is not None,
                 "env": {k: v for k, v in os.environ.items() if k.startswith(("MINIVLLM_", "NCCL_"))}}

@@ -94,7 +94,7 @@ for s in $sections; do
            > "$R/tp4_tests.log" 2>&1; tail -6 "$R/tp4_tests.log"
          timeout 150 python3 benchmarks/bench_all_reduce.py --world 4 ${AR_CONFIGS:+--configs $AR_CONFIGS} --json-out "$R/all_reduce_w4.json" 2>&1 | tail -12 ;;
     pdltests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pdl_gpu.py tests/gpu/test_custom_all_reduce_gpu.py \
-                "tests/gpu/test_tp_gpu.py::test_tp2_pdl_equals_tp1" > "$R/pdl_tests.log" 2>&1; tail -6 "$R/pdl_tests.log" ;;
+                "tests/gpu/test_tp_gpu.py::test_tp2_pdl_and_fused_norm_equal_tp1" > "$R/pdl_tests.log" 2>&1; tail -6 "$R/pdl_tests.log" ;;
     pdlbench) timeout 200 python3 benchmarks/bench_pdl.py --json-out "$R/pdl_bench.json" 2>&1 | tail -6 ;;
     arnorm) for p in 0 1; do MINIVLLM_PDL=$p timeout 120 python3 benchmarks/bench_all_reduce.py --world 2 --fused-norm \
               --rows 1 8 64 128 256 512 1024 --json-out "$R/ar_norm_pdl$p.json" 2>&1 | tail -10; done ;;

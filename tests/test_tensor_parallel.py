@@ -98,14 +98,18 @@ def test_tp2_matches_tp1_kv_heads_replicated(tp2_untied, tiny_untied_model):
     assert _run(tp2_untied)[0] == _reference(tiny_untied_model)[0]
 
 
-def test_tp2_sums_in_the_norms_matches_tp1(tiny_untied_model, monkeypatch):
-    """``MINIVLLM_FUSED_AR_NORM=1``: o_proj / down_proj leave their sums to the next RMSNorm (here gloo's
-    all-reduce then the norm; on GPUs one kernel where the custom all-reduce takes it)."""
-    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", "1")
+@pytest.mark.parametrize("in_norm", ["0", "1"])
+def test_tp2_sums_in_the_norms_matches_tp1(tiny_untied_model, in_norm, monkeypatch):
+    """``MINIVLLM_FUSED_AR_NORM=1`` (the default): o_proj / down_proj leave their sums to the next RMSNorm
+    (here gloo's all-reduce then the norm; on GPUs one kernel where the custom all-reduce takes it);
+    ``0``: each row-parallel layer sums its own output."""
+    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", in_norm)
     with LLM(tiny_untied_model, tensor_parallel_size=2, **KW) as llm:
         layer = llm.executor.runner.model.model.layers[1]
-        assert not layer.self_attn.o_proj.reduce_results and not layer.mlp.down_proj.reduce_results
-        assert layer.input_layernorm.tp_group is not None and llm.executor.runner.model.model.norm.tp_group is not None
+        sums_in_norm = in_norm == "1"
+        assert layer.self_attn.o_proj.reduce_results != sums_in_norm
+        assert layer.mlp.down_proj.reduce_results != sums_in_norm
+        assert (llm.executor.runner.model.model.norm.tp_group is not None) == sums_in_norm
         got = _run(llm)[0]
     monkeypatch.delenv("MINIVLLM_FUSED_AR_NORM")
     assert got == _reference(tiny_untied_model)[0]

@@ -216,3 +216,13 @@ def test_choose_num_splits():
     assert choose_num_splits(16, 8, 4096, 132) == 4  # occupancy-bound: ~4 programs per SM
     assert choose_num_splits(1, 1, 1 << 20, 132) == 32  # capped
     assert choose_num_splits(0, 8, 4096, 132) >= 1
+
+
+def test_pdl_only_on_cuda(monkeypatch):
+    """Programmatic dependent launch: never for CPU tensors or under the interpreter, whatever the switch."""
+    from minivllm.kernels.pdl import pdl_options, use_pdl
+
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MINIVLLM_PDL", flag)
+        assert not use_pdl(torch.ones(2))
+        assert pdl_options(torch.ones(2)) == {"USE_PDL": False}

@@ -57,9 +57,10 @@ def custom_all_reduce_enabled() -> bool:
 
 
 def fused_all_reduce_norm_enabled() -> bool:
-    """``MINIVLLM_FUSED_AR_NORM=1``: tensor-parallel models sum a row-parallel layer's output inside the next
-    RMSNorm (one kernel with the custom all-reduce). Off by default: not yet measured on GPUs."""
-    return env_switch("MINIVLLM_FUSED_AR_NORM", False)
+    """Tensor-parallel models sum a row-parallel layer's output inside the next RMSNorm (one kernel with the
+    custom all-reduce, for up to ``MINIVLLM_FUSED_AR_NORM_MAX_ROWS`` rows); ``MINIVLLM_FUSED_AR_NORM=0`` turns
+    it off. 2 x H200, Qwen3-8B TP=2 (2026-11-23, with PDL): one request 3.43 -> 3.34 ms/token."""
+    return env_switch("MINIVLLM_FUSED_AR_NORM", True)
 
 
 def _options(cls):

@@ -62,14 +62,14 @@ def test_tp2_fused_all_reduce_norm_equals_tp1(tiny_model, monkeypatch):
     _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_FUSED_AR_NORM": "1"})
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
-                    reason="PDL needs compute capability 9.0+")
-@pytest.mark.parametrize("fused_norm", ["0", "1"])
-def test_tp2_pdl_equals_tp1(tiny_model, fused_norm, monkeypatch):
-    """``MINIVLLM_PDL=1`` on every rank (the custom all-reduce kernels included), CUDA graphs."""
+@pytest.mark.parametrize("pdl,fused_norm", [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")])
+def test_tp2_pdl_and_fused_norm_equal_tp1(tiny_model, pdl, fused_norm, monkeypatch):
+    """``MINIVLLM_PDL`` (on every rank, the custom all-reduce kernels included; a no-op before sm_90) and
+    ``MINIVLLM_FUSED_AR_NORM`` on and off, CUDA graphs."""
     def check(runner):
         assert (runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
-    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_PDL": "1", "MINIVLLM_FUSED_AR_NORM": fused_norm})
+        assert runner.model.model.layers[0].mlp.down_proj.reduce_results == (fused_norm == "0")
+    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_PDL": pdl, "MINIVLLM_FUSED_AR_NORM": fused_norm})
 
 
 def test_tp2_nccl_only_equals_tp1(tiny_model, monkeypatch):
