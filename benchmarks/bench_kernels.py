@@ -7,6 +7,8 @@ achieved bandwidth of the K/V bytes read (2 * batch * context * kv_heads * head_
     python benchmarks/bench_kernels.py                # triton.testing.do_bench (eager launches)
     python benchmarks/bench_kernels.py --cuda-graph   # replayed CUDA graph, as the decode path runs
     python benchmarks/bench_kernels.py --sweep-splits 1 2 4 8 16   # split-KV time per num_splits
+    python benchmarks/bench_kernels.py --cuda-graph --configs 64x2x4 64x3x4 128x2x8   # unified kernel,
+        BLOCK_NxSTAGESxWARPS tile configurations (rows: the default configuration first)
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def main() -> int:
     parser.add_argument("--heads", type=int, nargs=3, default=[16, 8, 128], metavar=("Q", "KV", "D"))
     parser.add_argument("--cuda-graph", action="store_true", help="time graph replays (no launch overhead)")
     parser.add_argument("--sweep-splits", type=int, nargs="+", help="time split-KV at these num_splits")
+    parser.add_argument("--configs", nargs="+", help="time the unified kernel at these BLOCK_NxSTAGESxWARPS")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels.py needs a CUDA GPU; nothing to do on this machine.")
@@ -68,7 +71,9 @@ def main() -> int:
     mode = "CUDA-graph replay" if args.cuda_graph else "eager do_bench"
     print(f"# {torch.cuda.get_device_name()} ({sms} SMs), q/kv heads {num_heads}/{num_kv_heads}, "
           f"head_dim {head_dim}, bf16, {mode}; median microseconds, GB/s of K/V read")  # fmt: skip
-    if args.sweep_splits:
+    if args.configs:
+        header = f"{'batch':>6} {'ctx':>6} {'bs':>4} | {'default':>8} | " + " ".join(f"{c:>9}" for c in args.configs)
+    elif args.sweep_splits:
         header = f"{'batch':>6} {'ctx':>6} {'bs':>4} | {'unified':>8} | " + " ".join(
             f"{'s=' + str(s):>8}" for s in args.sweep_splits
         )
@@ -100,7 +105,20 @@ def main() -> int:
                         assert err < 1e-2, f"relative error {err:.2e}"
                 t_u = bench(unified)
                 row = f"{batch:>6} {context:>6} {block_size:>4} | "
-                if args.sweep_splits:
+                if args.configs:
+                    times = []
+                    for cfg in args.configs:
+                        bn, st, w = (int(v) for v in cfg.split("x"))
+                        res = paged_attention(q, kc, vc, None, ctx, bt, scale, 1, context, block_n=bn,
+                                              num_stages=st, num_warps=w)
+                        assert torch.equal(res, unified()) or (res.float() - unified().float()).abs().max() < 2e-2
+                        times.append(bench(lambda bn=bn, st=st, w=w, q=q, kc=kc, vc=vc, ctx=ctx, bt=bt, out=out,
+                                           context=context: paged_attention(q, kc, vc, None, ctx, bt, scale, 1,
+                                                                            context, out=out, block_n=bn,
+                                                                            num_stages=st, num_warps=w)))
+                    gbs = [kv_bytes / (t * 1e-6) / 1e9 for t in times]
+                    print(row + f"{t_u:>8.1f} | " + " ".join(f"{t:>5.1f}/{g / 1000:<3.1f}" for t, g in zip(times, gbs)))
+                elif args.sweep_splits:
                     times = [bench(lambda n=n: split(n)) for n in args.sweep_splits]
                     print(row + f"{t_u:>8.1f} | " + " ".join(f"{t:>8.1f}" for t in times))
                 else:

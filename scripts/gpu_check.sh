@@ -8,6 +8,9 @@
 #   pdltests: the PDL GPU tests (decode kernels and engine, TP=2 with PDL), the custom all-reduce's tests
 #   pdlbench: bench_pdl.py (36 layers of decode kernels in a graph, PDL off / on)
 #   arnorm: bench_all_reduce.py --fused-norm (all-reduce + add + RMSNorm: two kernels vs fused), PDL off and on
+#   attn: decode attention at TP=2 shapes of Qwen3-8B (16/4 heads): unified-kernel tile configurations, split-KV
+#   tpbase: Qwen3-8B at TP=2 with PDL and the fused all-reduce + norm off (the defaults before 2026-11-23)
+#   tpshard: Qwen3-8B at TP=2 with MINIVLLM_TP_SHARDED_SAMPLING=1 (each rank samples its vocabulary slice)
 #   tppdl / tppdlnorm: Qwen3-8B at TP=2 with MINIVLLM_PDL=1 (and MINIVLLM_FUSED_AR_NORM=1)
 #   tpwaits: Qwen3-8B at TP=2 with MINIVLLM_CUSTOM_AR_WAITS (each rank prints how long its all-reduces waited)
 #   tp4: on 4 GPUs, the custom all-reduce's and the TP GPU tests (TP=4 included), then all-reduce latency at 4 ranks
@@ -94,7 +97,17 @@ for s in $sections; do
            > "$R/tp4_tests.log" 2>&1; tail -6 "$R/tp4_tests.log"
          timeout 150 python3 benchmarks/bench_all_reduce.py --world 4 ${AR_CONFIGS:+--configs $AR_CONFIGS} --json-out "$R/all_reduce_w4.json" 2>&1 | tail -12 ;;
     pdltests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pdl_gpu.py tests/gpu/test_custom_all_reduce_gpu.py \
-                "tests/gpu/test_tp_gpu.py::test_tp2_pdl_and_fused_norm_equal_tp1" > "$R/pdl_tests.log" 2>&1; tail -6 "$R/pdl_tests.log" ;;
+                tests/gpu/test_tp_gpu.py -k "(pdl_and_fused or fused_all_reduce_norm or sharded) and not untied" > "$R/pdl_tests.log" 2>&1
+              tail -6 "$R/pdl_tests.log" ;;
+    attn) timeout 200 python3 benchmarks/bench_kernels.py --cuda-graph --heads 16 4 128 --block-sizes 256 --batches 64 256 \
+            --contexts 512 1024 2048 --configs 64x2x4 64x3x4 64x4x4 32x3x4 32x4x4 128x2x4 128x3x8 64x3x8 > "$R/attn_configs.txt" 2>&1
+          tail -9 "$R/attn_configs.txt"
+          timeout 120 python3 benchmarks/bench_kernels.py --cuda-graph --heads 16 4 128 --block-sizes 256 --batches 64 256 \
+            --contexts 512 1024 2048 --sweep-splits 2 4 8 > "$R/attn_splits.txt" 2>&1; tail -9 "$R/attn_splits.txt" ;;
+    tpbase) MINIVLLM_PDL=0 MINIVLLM_FUSED_AR_NORM=0 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 \
+              --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_base.json" 2>&1 | tail -4 ;;
+    tpshard) MINIVLLM_TP_SHARDED_SAMPLING=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 \
+               --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_sharded.json" 2>&1 | tail -4 ;;
     pdlbench) timeout 200 python3 benchmarks/bench_pdl.py --json-out "$R/pdl_bench.json" 2>&1 | tail -6 ;;
     arnorm) for p in 0 1; do MINIVLLM_PDL=$p timeout 120 python3 benchmarks/bench_all_reduce.py --world 2 --fused-norm \
               --rows 1 8 64 128 256 512 1024 --json-out "$R/ar_norm_pdl$p.json" 2>&1 | tail -10; done ;;

@@ -138,13 +138,15 @@ def paged_attention(
     *,
     block_m: int | None = None,
     block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Causal paged attention for a ragged batch of decode rows and prefill chunks (one launch).
 
     The grid is ``(num_rows, cdiv(max_seqlen_q, BLOCK_Q), num_kv_heads)``, computed from host
     ints only. ``max_context_len`` is a tuning hint and is not needed for correctness (loops use
     each row's device ``context_lens``). Rows with ``q_len == 0`` leave ``out`` untouched.
-    ``block_m``/``block_n`` override the tile sizes (tests).
+    ``block_m``/``block_n``/``num_warps``/``num_stages`` override the tile configuration (tests, benchmarks).
     """
     num_heads, num_kv_heads, head_dim = check_inputs(query, k_cache, v_cache, block_tables)
     group = num_heads // num_kv_heads
@@ -159,6 +161,7 @@ def paged_attention(
     if num_rows == 0 or max_seqlen_q <= 0:
         return out
     bm, bn, warps, stages = _tile_config(group, head_dim, max_seqlen_q)
+    warps, stages = num_warps or warps, num_stages or stages
     bm = max(block_m or bm, g_pad, 16)
     bn = max(block_n or bn, 16)
     grid = (num_rows, triton.cdiv(max_seqlen_q, bm // g_pad), num_kv_heads)
