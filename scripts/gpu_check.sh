@@ -9,6 +9,7 @@
 #   pdlbench: bench_pdl.py (36 layers of decode kernels in a graph, PDL off / on)
 #   arnorm: bench_all_reduce.py --fused-norm (all-reduce + add + RMSNorm: two kernels vs fused), PDL off and on
 #   attn: decode attention at TP=2 shapes of Qwen3-8B (16/4 heads): unified-kernel tile configurations, split-KV
+#   archeck: bench_all_reduce.py (plain and --fused-norm) with the abort flag read every 1024 and every 16 polls
 #   tpbase: Qwen3-8B at TP=2 with PDL and the fused all-reduce + norm off (the defaults before 2026-11-23)
 #   tpshard: Qwen3-8B at TP=2 with MINIVLLM_TP_SHARDED_SAMPLING=1 (each rank samples its vocabulary slice)
 #   tppdl / tppdlnorm: Qwen3-8B at TP=2 with MINIVLLM_PDL=1 (and MINIVLLM_FUSED_AR_NORM=1)
@@ -104,6 +105,11 @@ for s in $sections; do
           tail -9 "$R/attn_configs.txt"
           timeout 120 python3 benchmarks/bench_kernels.py --cuda-graph --heads 16 4 128 --block-sizes 256 --batches 64 256 \
             --contexts 512 1024 2048 --sweep-splits 2 4 8 > "$R/attn_splits.txt" 2>&1; tail -9 "$R/attn_splits.txt" ;;
+    archeck) for c in 1024 16; do
+               MINIVLLM_CUSTOM_AR_CHECK_EVERY=$c timeout 100 python3 benchmarks/bench_all_reduce.py --world 2 \
+                 --json-out "$R/all_reduce_check$c.json" 2>&1 | tail -9
+               MINIVLLM_CUSTOM_AR_CHECK_EVERY=$c timeout 100 python3 benchmarks/bench_all_reduce.py --world 2 --fused-norm \
+                 --rows 1 8 64 256 512 --tile-rows 0 1 2 4 --json-out "$R/ar_norm_check$c.json" 2>&1 | tail -7; done ;;
     tpbase) MINIVLLM_PDL=0 MINIVLLM_FUSED_AR_NORM=0 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 \
               --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_base.json" 2>&1 | tail -4 ;;
     tpshard) MINIVLLM_TP_SHARDED_SAMPLING=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 \

@@ -24,6 +24,8 @@ NOTE (the protocol):
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -35,7 +37,10 @@ try:
 except ImportError:  # pragma: no cover - older Triton: no wait records
     globaltimer = None
 
-SPIN_CHECK_ABORT_EVERY = 1024
+# NOTE: a wait reads the abort flag (pinned host memory) every this many polls of the peers' flags.
+# MINIVLLM_CUSTOM_AR_CHECK_EVERY overrides it, to test whether the ~340 / ~620 us waits that some
+# all-reduce benchmarks show (about 1024 polls of the two kernels) end at that read.
+SPIN_CHECK_ABORT_EVERY = int(os.environ.get("MINIVLLM_CUSTOM_AR_CHECK_EVERY", "1024"))
 
 
 @triton.jit
