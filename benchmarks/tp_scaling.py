@@ -51,6 +51,8 @@ def step_breakdown(trace: list[tuple[int, int, float]]) -> list[dict]:
     rows += [{"kind": f"decode {lo}-{hi if hi < 1 << 30 else 'up'} rows", "steps": 0, "seconds": 0.0, "tokens": 0}
              for lo, hi in BUCKETS]
     for prefill, decode, sec in trace:
+        if not prefill and not decode:  # a call that only collected the last step's tokens
+            continue
         i = 0 if prefill else 1 + next(j for j, (lo, hi) in enumerate(BUCKETS) if lo <= decode <= hi)
         rows[i]["steps"] += 1
         rows[i]["seconds"] += sec

@@ -35,10 +35,10 @@ NORM_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32", 
             "cap": "i32", "ptrs": "*i64", "counters": "*i32", "waits": "*i64"}
 KERNELS = [
     *[(f"one-shot all-reduce, {w} ranks, wait ring {ring}{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_kernel, AR_SIG,
-       {"RANK": 0, "WORLD": w, "BLOCK": 2048, "CHECK_EVERY": 1024, "WAIT_RING": ring, "USE_PDL": pdl})
+       {"RANK": 0, "WORLD": w, "BLOCK": 2048, "CHECK_EVERY": 1024, "WAIT_RING": ring, "TIMED_ABORT": pdl, "USE_PDL": pdl})
       for w in (2, 4) for ring, pdl in ((0, False), (64, True))],
     *[(f"all-reduce + add + RMSNorm, {w} ranks, wait ring {ring}{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_add_rms_norm_kernel,
-       NORM_SIG, {"RANK": 1, "WORLD": w, "BLOCK_D": 4096, "ROWS": 2, "CHECK_EVERY": 1024, "WAIT_RING": ring, "USE_PDL": pdl})
+       NORM_SIG, {"RANK": 1, "WORLD": w, "BLOCK_D": 4096, "ROWS": 2, "CHECK_EVERY": 1024, "WAIT_RING": ring, "TIMED_ABORT": pdl, "USE_PDL": pdl})
       for w in (2, 4) for ring, pdl in ((0, False), (64, True))],
     ("GEMV (PDL)", gemv._gemv_kernel,
      {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",

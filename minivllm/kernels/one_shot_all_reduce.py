@@ -37,10 +37,14 @@ try:
 except ImportError:  # pragma: no cover - older Triton: no wait records
     globaltimer = None
 
-# NOTE: a wait reads the abort flag (pinned host memory) every this many polls of the peers' flags.
-# MINIVLLM_CUSTOM_AR_CHECK_EVERY overrides it, to test whether the ~340 / ~620 us waits that some
-# all-reduce benchmarks show (about 1024 polls of the two kernels) end at that read.
+# NOTE: a wait reads the abort flag (pinned host memory) every this many polls of the peers' flags, and
+# on GPUs only once it has lasted ABORT_CHECK_AFTER_NS. Every thread of every program reads it, and on
+# 2 x H200 (2026-11-23) reads every 16 polls made every call ~510 us (~1040 us fused) against 5-16 us:
+# once one rank's wait reaches its host reads, that rank is late for the next call, the peer's wait
+# reaches its own, and the two sustain each other. Reads every 1024 polls (~0.3 ms) still locked some
+# benchmark runs into ~335 us calls. MINIVLLM_CUSTOM_AR_CHECK_EVERY overrides the poll count.
 SPIN_CHECK_ABORT_EVERY = int(os.environ.get("MINIVLLM_CUSTOM_AR_CHECK_EVERY", "1024"))
+ABORT_CHECK_AFTER_NS = tl.constexpr(20_000_000)  # a wait this long (20 ms) means a peer is stuck or dead
 
 
 @triton.jit
@@ -54,9 +58,10 @@ def _push_row(x, ptrs, dst_off, mask, half, cap, RANK: tl.constexpr, WORLD: tl.c
 
 @triton.jit
 def _signal_and_wait(ptrs, pid, epoch, waits, RANK: tl.constexpr, WORLD: tl.constexpr, CHECK_EVERY: tl.constexpr,
-                     WAIT_RING: tl.constexpr):
+                     WAIT_RING: tl.constexpr, TIMED_ABORT: tl.constexpr):
     """Raise this program's flag on every peer to ``epoch``, then wait until every peer's program
-    ``pid`` has raised its flag here (or the abort flag is set)."""
+    ``pid`` has raised its flag here (or the abort flag is set; with ``TIMED_ABORT`` it is read only
+    once the wait has lasted ABORT_CHECK_AFTER_NS)."""
     tl.debug_barrier()  # NOTE: every thread's stores happen before the release below
     flags = tl.load(ptrs + WORLD + RANK).to(tl.pointer_type(tl.int32)) + pid * WORLD
     for p in tl.static_range(WORLD):
@@ -65,7 +70,7 @@ def _signal_and_wait(ptrs, pid, epoch, waits, RANK: tl.constexpr, WORLD: tl.cons
             tl.atomic_xchg(peer_flags + RANK, epoch, sem="release", scope="sys")
     abort = tl.load(ptrs + 2 * WORLD).to(tl.pointer_type(tl.int32))
     t0 = tl.zeros([], dtype=tl.int64)
-    if WAIT_RING > 0:
+    if WAIT_RING > 0 or TIMED_ABORT:
         t0 = globaltimer()
     for p in tl.static_range(WORLD):
         if p != RANK:
@@ -78,7 +83,11 @@ def _signal_and_wait(ptrs, pid, epoch, waits, RANK: tl.constexpr, WORLD: tl.cons
                 seen = tl.load(flags + p, volatile=True)
                 spins += 1
                 if spins % CHECK_EVERY == 0:
-                    stop = tl.load(abort, volatile=True)
+                    if TIMED_ABORT:
+                        if globaltimer() - t0 > ABORT_CHECK_AFTER_NS:
+                            stop = tl.load(abort, volatile=True)
+                    else:
+                        stop = tl.load(abort, volatile=True)
             tl.atomic_add(flags + p, 0, sem="acquire", scope="sys")
     if WAIT_RING > 0:
         if pid == 0:
@@ -112,6 +121,7 @@ def _one_shot_all_reduce_kernel(
     BLOCK: tl.constexpr,
     CHECK_EVERY: tl.constexpr,
     WAIT_RING: tl.constexpr,  # 0: no records (a diagnostic; GPUs only)
+    TIMED_ABORT: tl.constexpr,  # read the abort flag only after long waits (GPUs: globaltimer)
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
@@ -123,7 +133,7 @@ def _one_shot_all_reduce_kernel(
         offs = start + tl.arange(0, BLOCK)  # [BLOCK]
         mask = offs < n
         _push_row(tl.load(x_ptr + offs, mask=mask), ptrs, offs, mask, half, cap, RANK, WORLD)
-    _signal_and_wait(ptrs, pid, epoch, waits, RANK, WORLD, CHECK_EVERY, WAIT_RING)
+    _signal_and_wait(ptrs, pid, epoch, waits, RANK, WORLD, CHECK_EVERY, WAIT_RING, TIMED_ABORT)
     own = tl.load(ptrs + RANK).to(tl.pointer_type(x_ptr.dtype.element_ty)) + half
     for start in range(pid * BLOCK, n, step):  # every slot is local now: sum them in rank order
         offs = start + tl.arange(0, BLOCK)
@@ -151,6 +161,7 @@ def _one_shot_all_reduce_add_rms_norm_kernel(
     ROWS: tl.constexpr,  # rows a program handles at once (a [ROWS, BLOCK_D] tile)
     CHECK_EVERY: tl.constexpr,
     WAIT_RING: tl.constexpr,
+    TIMED_ABORT: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
@@ -169,7 +180,7 @@ def _one_shot_all_reduce_add_rms_norm_kernel(
         mask = (rows < M)[:, None] & d_mask[None, :]  # [ROWS, BLOCK_D]
         off = rows[:, None] * D + offs[None, :]  # [ROWS, BLOCK_D] (< cap: int32 is enough)
         _push_row(tl.load(x_ptr + off, mask=mask), ptrs, off, mask, half, cap, RANK, WORLD)
-    _signal_and_wait(ptrs, pid, epoch, waits, RANK, WORLD, CHECK_EVERY, WAIT_RING)
+    _signal_and_wait(ptrs, pid, epoch, waits, RANK, WORLD, CHECK_EVERY, WAIT_RING, TIMED_ABORT)
     own = tl.load(ptrs + RANK).to(tl.pointer_type(dt)) + half
     w = tl.load(w_ptr + offs, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_D]
     for base in range(pid, M, nprog * ROWS):
@@ -187,6 +198,10 @@ def _one_shot_all_reduce_add_rms_norm_kernel(
     tl.store(counters + pid, epoch)
 
 
+def _timed_abort(x: torch.Tensor) -> bool:
+    return x.is_cuda and globaltimer is not None and os.environ.get("TRITON_INTERPRET") != "1"
+
+
 def one_shot_all_reduce(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, counters: torch.Tensor,
                         cap: int, rank: int, world: int, block: int = 2048, num_warps: int = 8,
                         waits: torch.Tensor | None = None) -> None:
@@ -198,7 +213,8 @@ def one_shot_all_reduce(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, 
     ring = 0 if waits is None or globaltimer is None or not x.is_cuda else waits.numel()
     _one_shot_all_reduce_kernel[(counters.numel(),)](
         x, out, x.numel(), cap, ptrs, counters, waits if ring else counters, RANK=rank, WORLD=world, BLOCK=block,
-        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring, num_warps=num_warps, **pdl_options(x))
+        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring, TIMED_ABORT=_timed_abort(x), num_warps=num_warps,
+        **pdl_options(x))
 
 
 def norm_tile_rows(m: int, d: int, programs: int, max_tile: int = 8192) -> int:
@@ -223,4 +239,5 @@ def one_shot_all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, we
     _one_shot_all_reduce_add_rms_norm_kernel[(counters.numel(),)](
         x, residual, weight, m, d, eps, cap, ptrs, counters, waits if ring else counters,
         RANK=rank, WORLD=world, BLOCK_D=block_d, ROWS=rows, CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring,
+        TIMED_ABORT=_timed_abort(x),
         num_warps=max(1, min(16, block_d // 256)), **pdl_options(x))
