@@ -65,6 +65,7 @@ def instrument(llm: LLM, sync: bool) -> PhaseTimer:
     pt.wrap(mr, "build_step_inputs", "prepare inputs")
     pt.wrap(runner, "execute", "forward" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
     pt.wrap(runner, "_sample", "sample" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
+    pt.wrap(runner, "_sample_sharded", "sample" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
     pt.wrap(mr.StepHandle, "result", "wait for tokens")
     pt.wrap(llm.scheduler, "advance", "advance (scheduler)")
     pt.wrap(llm.scheduler, "resolve", "resolve (scheduler)")

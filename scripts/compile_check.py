@@ -81,11 +81,15 @@ KERNELS = [
                        "stride_vb", "stride_vs", "stride_vh", "stride_bt"), "i32")},
      {"GROUP": 4, "G_PAD": 4, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_SIZE": 256, "HEAD_DIM": 128, "HEAD_DIM_PAD": 128,
       "IS_DECODE": False, "DOT_F32": False, "USE_PDL": True}),
-    ("Gumbel chunk", gs._gumbel_chunk_kernel,
-     {"logits_ptr": "*bf16", "stride_b": "i32", "temperature_ptr": "*fp32", "seeds_ptr": "*i64",
-      "best_ptr": "*fp32", "idx_ptr": "*i32", "V": "i32", "C": "i32"}, {"HAS_TEMPERATURE": True, "BLOCK_V": 4096}),
+    *[(f"Gumbel chunk{name}", gs._gumbel_chunk_kernel,
+       {"logits_ptr": "*bf16", "stride_b": "i32", "temperature_ptr": "*fp32", "seeds_ptr": "*i64",
+        "best_ptr": "*fp32", "idx_ptr": "*i32", "V": "i32", "C": "i32", "vocab_start": "i32"},
+       {"HAS_TEMPERATURE": noisy, "NOISY": noisy, "BLOCK_V": 4096})
+      for name, noisy in (("", True), (" (all greedy)", False))],
     ("Gumbel pick", gs._gumbel_pick_kernel, {"best_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*i64", "C": "i32"},
      {"BLOCK_C": 64}),
+    ("Gumbel pick, sharded (best, id) pairs", gs._gumbel_pick_pair_kernel,
+     {"best_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*fp64", "C": "i32"}, {"BLOCK_C": 64}),
 ]
 
 

@@ -66,15 +66,17 @@ def build_tokenizer(out_dir: Path, vocab_size: int = TOKENIZER_VOCAB):
 
 def build_checkpoint(out_dir: Path, shape: str = "tied", seed: int = 0, initializer_range: float = 0.5,
                      dtype: str = "float32", max_position_embeddings: int = 1024, **overrides) -> Path:
-    """A seeded random Qwen3 checkpoint saved with ``save_pretrained``, plus the tiny tokenizer."""
+    """A seeded random Qwen3 checkpoint saved with ``save_pretrained``, plus the tiny tokenizer.
+
+    ``overrides``: Qwen3Config fields over the shape's (``vocab_size`` too: default ``MODEL_VOCAB``)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out_dir)
-    kw = dict(TINY_SHAPES[shape])
+    kw = dict(TINY_SHAPES[shape], vocab_size=MODEL_VOCAB)
     kw.update(overrides)
-    cfg = Qwen3Config(vocab_size=MODEL_VOCAB, max_position_embeddings=max_position_embeddings,
+    cfg = Qwen3Config(max_position_embeddings=max_position_embeddings,
                       initializer_range=initializer_range, rms_norm_eps=1e-6, rope_theta=10000.0,
                       eos_token_id=tok.eos_token_id, bos_token_id=None, pad_token_id=tok.pad_token_id, **kw)
     torch.manual_seed(seed)

@@ -104,3 +104,20 @@ def test_bad_inputs_raise_clear_errors():
     assert gumbel_sample(torch.zeros(0, 8), torch.zeros(0, dtype=torch.int64)).shape == (0,)
     with pytest.raises(ValueError, match="block_v must be a power of two, got 100"):
         gumbel_sample(logits, torch.zeros(3, dtype=torch.int64), block_v=100)
+
+
+def test_fused_sampler_switch(monkeypatch):
+    """``MINIVLLM_FUSED_SAMPLER``: unset = CUDA only, '1' = on anywhere (here the interpreter), '0' = off."""
+    from minivllm.layers.sampler import fused_sampler_enabled
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("MINIVLLM_FUSED_SAMPLER", raising=False)
+    assert (fused_sampler_enabled(cpu), fused_sampler_enabled(cuda)) == (False, True)
+    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", "1")
+    assert (fused_sampler_enabled(cpu), fused_sampler_enabled(cuda)) == (True, True)
+    assert Sampler().uses_fused(cpu) and not Sampler(fused=False).uses_fused(cpu)
+    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", "0")
+    assert (fused_sampler_enabled(cpu), fused_sampler_enabled(cuda)) == (False, False)
+    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", "yes")
+    with pytest.raises(ValueError, match="MINIVLLM_FUSED_SAMPLER must be '0' or '1'"):
+        fused_sampler_enabled(cuda)

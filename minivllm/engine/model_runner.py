@@ -3,7 +3,9 @@
 ``launch(scheduler_output)`` builds the flattened batch, runs the forward pass and samples the
 rows whose tokens are all computed, without waiting for the device: it returns a ``StepHandle``
 whose ``result()`` brings the sampled tokens to the host. ``run`` = ``launch(...).result()``.
-Rank 0 samples; other tensor-parallel ranks run ``execute_step`` on the same ``StepInputs``.
+Rank 0 samples; other tensor-parallel ranks run ``execute_step`` on the same ``StepInputs``
+(with ``MINIVLLM_TP_SHARDED_SAMPLING=1``, rank 0's ``prepare_inputs`` may mark a step for sharded
+sampling: every rank then samples its vocabulary slice, see ``minivllm.layers.sharded_sampling``).
 
 NOTE: asynchronous scheduling feeds each step's sampled ids to the next step on the device:
 ``prev_sampled`` holds the newest launched step's ``[num_sampled]`` int64 token ids (on every
@@ -26,8 +28,9 @@ from minivllm.engine.step_inputs import StepInputs, build_step_inputs
 from minivllm.kernels.reference import FP8_DTYPES
 from minivllm.layers.attention import Attention
 from minivllm.layers.attention_metadata import AttentionMetadata
-from minivllm.layers.sampler import Sampler
-from minivllm.layers.sampling_metadata import build_sampling_metadata
+from minivllm.layers.sampler import Sampler, SamplerOutput
+from minivllm.layers.sampling_metadata import build_sampling_metadata, seeded_keys
+from minivllm.layers.sharded_sampling import ShardedSampler, sharded_sampling_enabled, sharded_temperatures
 from minivllm.models.loader import init_dummy_weights, load_weights
 from minivllm.models.registry import get_model_class
 from minivllm.utils.parallel import TPGroup, tp_cuda_graphs_enabled, tp_group_context
@@ -72,6 +75,10 @@ class ModelRunner:
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = Sampler()
         self.vocab_size = mc.vocab_size
+        # tensor parallel: every rank can sample its slice; rank 0 decides per step (prepare_inputs)
+        self.shard_sampler = ShardedSampler(self.model.lm_head, self.device) if self.tp_group is not None else None
+        self.sharded_sampling = self.shard_sampler is not None and sharded_sampling_enabled()
+        self.num_sharded_steps = 0  # rank 0's steps sampled sharded (a check for tests and benchmarks)
         self.eos_token_ids = list(mc.eos_token_ids)
         self.graph_runner = None
         self.prev_sampled: torch.Tensor | None = None
@@ -228,12 +235,16 @@ class ModelRunner:
             return None
         if len(inp.sample_indices) < hidden.shape[0]:  # NOTE: all rows sampled means indices 0..n-1
             hidden = hidden[self._to_device(inp.sample_indices)]  # [rows, hidden]
-        return self.model.compute_logits(hidden)
+        # NOTE: a sharded-sampling step keeps each rank's [rows, per_rank] slice (no gather)
+        return self.model.compute_logits(hidden, gather=inp.sample_temperatures is None)
 
     @torch.inference_mode()
     def execute_step(self, inp: StepInputs) -> None:
-        """A worker rank's step: the forward, then rank 0's sampled ids when they feed the next step."""
-        self.execute(inp)
+        """A worker rank's step: the forward, its slice's share of a sharded sampling, then rank 0's sampled
+        ids when they feed the next step."""
+        logits = self.execute(inp)
+        if inp.sample_temperatures is not None and logits is not None:
+            self.shard_sampler(logits, inp.sample_temperatures)
         num_sampled = len(inp.sample_indices)
         if self.share_sampled:
             self.prev_sampled = None
@@ -253,17 +264,37 @@ class ModelRunner:
         NOTE: call before the scheduler's ``advance``: the sampled rows are those whose tokens
         are all computed once this step's ``num_new`` tokens are.
         """
-        inp = inp if inp is not None else build_step_inputs(out, self.block_size)
+        inp = inp if inp is not None else self.prepare_inputs(out)
         logits = self.execute(inp)
         self.prev_sampled = None
         if logits is None:
             return StepHandle.ready(SampledTokens([]))
-        seqs = [seq for seq, n in out.scheduled if seq.num_computed_tokens + n == seq.num_tokens]
-        res, want = self._sample(logits, seqs)
+        seqs = _sampled_seqs(out)
+        if inp.sample_temperatures is not None:
+            res, want = self._sample_sharded(logits, inp, seqs)
+        else:
+            res, want = self._sample(logits, seqs)
         self.prev_sampled = res.sampled_token_ids
         if self.share_sampled:
             self.tp_group.broadcast(res.sampled_token_ids, src=0)
         return StepHandle(res, want)
+
+    def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
+        """Rank 0: the step's ``StepInputs`` for every rank, marked for sharded sampling where it applies."""
+        inp = build_step_inputs(out, self.block_size)
+        if self.sharded_sampling and len(inp.sample_indices):
+            seqs = _sampled_seqs(out)
+            inp.sample_temperatures = sharded_temperatures(
+                [s.sampling_params for s in seqs], [s.num_completion_tokens for s in seqs], self.vocab_size,
+                self.sampler.uses_fused(self.device))
+        return inp
+
+    def _sample_sharded(self, logits: torch.Tensor, inp: StepInputs, seqs: list):
+        """Rank 0's side of a sharded sampling step (``logits``: its own vocabulary slice)."""
+        params = [s.sampling_params for s in seqs]
+        keys = seeded_keys(params, [s.num_completion_tokens for s in seqs])
+        self.num_sharded_steps += 1
+        return SamplerOutput(self.shard_sampler(logits, inp.sample_temperatures, keys)), [p.logprobs for p in params]
 
     def _sample(self, logits: torch.Tensor, seqs: list):
         params = [s.sampling_params for s in seqs]
@@ -274,3 +305,8 @@ class ModelRunner:
         meta = build_sampling_metadata(params, prompts, outputs, self.eos_token_ids, self.device, self.vocab_size)
         want = [p.logprobs for p in params]
         return self.sampler(logits, meta), want
+
+
+def _sampled_seqs(out: SchedulerOutput) -> list:
+    """The step's sampled sequences (batch order): those whose tokens are all computed after it."""
+    return [seq for seq, n in out.scheduled if seq.num_computed_tokens + n == seq.num_tokens]

@@ -30,6 +30,9 @@ class StepInputs:
     # is row prev_token_src[i] of the previous step's sampled-token tensor (on the device).
     prev_token_index: np.ndarray | None = None  # [num_placeholders] int64
     prev_token_src: np.ndarray | None = None  # [num_placeholders] int64
+    # NOTE: tensor parallel: set by rank 0 when every rank samples its own vocabulary slice this
+    # step (minivllm.layers.sharded_sampling); None: rank 0 gathers the logits and samples.
+    sample_temperatures: np.ndarray | None = None  # [num_sampled] float32, 0.0 on greedy rows
 
     @property
     def num_rows(self) -> int:

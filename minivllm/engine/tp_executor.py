@@ -3,7 +3,8 @@
 Rank 0's ModelRunner lives in the engine process; ranks 1..N-1 are spawned workers. Each step
 rank 0 builds the ``StepInputs`` once, pickles ``(command, args)`` into a shared-memory block
 (``tp_worker.py``), signals each worker (which acknowledges once it has read it, so rank 0
-may write the next one), and all ranks run the step in lockstep; rank 0 then samples. A monitor
+may write the next one), and all ranks run the step in lockstep; rank 0 then samples (steps that
+qualify for ``minivllm.layers.sharded_sampling`` sample every rank's vocabulary slice). A monitor
 thread watches the workers' sentinels: if one dies, the others are
 killed, an NCCL group is aborted, and the engine raises a clear RuntimeError.
 """
@@ -91,14 +92,13 @@ class MultiProcExecutor:
 
         Raises RuntimeError (here or from ``result()``) if a worker died.
         """
-        from minivllm.engine.step_inputs import build_step_inputs
-
         self._raise_if_failed()
         if self.runner is None:
             raise RuntimeError("the tensor-parallel executor is closed")
-        # NOTE: built once; every rank takes the same path (eager or CUDA graph, logits or not)
-        # because it depends only on these inputs, so the collectives match across ranks.
-        inp = build_step_inputs(out, self.runner.block_size)
+        # NOTE: built once; every rank takes the same path (eager or CUDA graph, logits or not,
+        # gathered or sharded sampling) because it depends only on these inputs, so the
+        # collectives match across ranks.
+        inp = self.runner.prepare_inputs(out)
         self._broadcast("execute_step", inp)
         return _TPStepHandle(self, self._guard(self.runner.launch, out, inp))
 

@@ -31,10 +31,11 @@ def free_port() -> int:
 
 
 def shm_size(config: Config) -> int:
-    """Bound on one pickled step: 3 int64 per token, a block-table row and a few scalars per sequence."""
+    """Bound on one pickled step: 3 int64 per token, a block-table row and a few scalars per sequence
+    (a sampled row's temperature among them)."""
     max_blocks = -(-config.max_model_len // config.kvcache_block_size)
     rows = min(config.max_num_seqs, config.max_num_batched_tokens)
-    return 2 * (65536 + 32 * config.max_num_batched_tokens + rows * (4 * max_blocks + 16))
+    return 2 * (65536 + 32 * config.max_num_batched_tokens + rows * (4 * max_blocks + 20))
 
 
 def _watch_parent(parent_pid: int) -> None:

@@ -38,11 +38,15 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Projects hidden states to logits; each rank computes its vocab slice, rank 0 gathers them."""
+    """Projects hidden states to logits; each rank computes its vocab slice, rank 0 gathers them.
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor | None:  # x: [num_rows, hidden] -> [num_rows, vocab]
+    ``gather=False`` leaves every rank its own ``[num_rows, per_rank]`` slice (global ids from
+    ``vocab_start``; on the last rank the columns from ``num_embeddings`` on are zero padding).
+    """
+
+    def forward(self, x: torch.Tensor, gather: bool = True) -> torch.Tensor | None:  # [rows, hidden] -> [rows, vocab]
         logits = F.linear(x, self.weight)  # [num_rows, per_rank]
-        if self.tp_size == 1:
+        if self.tp_size == 1 or not gather:
             return logits
         parts = self.tp_group.gather(logits, dst=0)  # NOTE: outside any CUDA graph (sampled rows only)
         if parts is None:

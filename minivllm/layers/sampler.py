@@ -35,9 +35,12 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
    generator (``metadata.generator``, default: torch's global RNG of that device).
    **Fused path** (the default on CUDA since it was timed on an H100, 2026-11-22: 0.42 vs 0.92 ms
    for 256 temperature rows; ``MINIVLLM_FUSED_SAMPLER=0`` or ``Sampler(fused=False)`` turns it
-   off) for batches without top-k / top-p / min-p: steps 5 and 9 become one Triton pass, ``token = argmax(l / T + G)`` with Gumbel noise
+   off, ``MINIVLLM_FUSED_SAMPLER=1`` forces it on any device) for batches without top-k / top-p /
+   min-p: steps 5 and 9 become one Triton pass, ``token = argmax(l / T + G)`` with Gumbel noise
    ``G = -log(-log U)`` from Philox keyed by the row's seed (the same distribution, other draws;
    seeded rows use the key ``(seed, len(output_b))``, others a key from the batch generator).
+   With tensor parallelism such steps can sample each rank's vocabulary slice where it lies
+   (``minivllm.layers.sharded_sampling``; the same tokens).
 
 Logprobs are ``log_softmax`` of the RAW logits (before 1-8) at the sampled token, and the top
 ``max_num_logprobs`` alternatives of that same distribution, sorted descending.
@@ -62,6 +65,7 @@ from minivllm.layers.logits_processors import (
 )
 from minivllm.layers.sampling_metadata import SAMPLING_EPS, SamplingMetadata, _to_device
 from minivllm.sampling_params import SamplingParams
+from minivllm.utils.env import env_switch
 
 
 @dataclass
@@ -83,19 +87,34 @@ def _exponential_race(probs: torch.Tensor, md: SamplingMetadata) -> torch.Tensor
     return probs.div_(noise).argmax(dim=-1)
 
 
-def _gumbel_seeds(md: SamplingMetadata, device: torch.device) -> torch.Tensor:
-    """[B] int64 Philox keys: random for unseeded rows (from the batch generator), the request's own otherwise."""
-    seeds = torch.randint(0, 2**62, (md.batch_size,), dtype=torch.int64, device=device, generator=md.generator)
-    if md.seeded_keys:
-        rows, keys = zip(*md.seeded_keys)
+def gumbel_keys(batch_size: int, seeded: list[tuple[int, int]], device: torch.device,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """[B] int64 Philox keys: random for unseeded rows (from ``generator``, default torch's RNG of
+    ``device``), the ``(row, key)`` pairs of ``seeded`` (see ``seeded_keys``) for the others."""
+    seeds = torch.randint(0, 2**62, (batch_size,), dtype=torch.int64, device=device, generator=generator)
+    if seeded:
+        rows, keys = zip(*seeded)
         seeds[_to_device(list(rows), torch.int64, device)] = _to_device(list(keys), torch.int64, device)
     return seeds
+
+
+def _gumbel_seeds(md: SamplingMetadata, device: torch.device) -> torch.Tensor:
+    """[B] int64 Philox keys of a step: ``gumbel_keys`` with the metadata's seeded rows and batch generator."""
+    return gumbel_keys(md.batch_size, md.seeded_keys, device, md.generator)
+
+
+def fused_sampler_enabled(device: torch.device) -> bool:
+    """``MINIVLLM_FUSED_SAMPLER``: '1' on (the CPU runs Triton only with ``TRITON_INTERPRET=1``), '0' off;
+    unset: on CUDA only."""
+    if os.environ.get("MINIVLLM_FUSED_SAMPLER") is None:
+        return device.type == "cuda"
+    return env_switch("MINIVLLM_FUSED_SAMPLER", False)
 
 
 class Sampler(nn.Module):
     """``forward(logits [B, V], metadata) -> SamplerOutput``; no host synchronization inside.
 
-    ``fused`` (default: CUDA logits, unless ``MINIVLLM_FUSED_SAMPLER=0``) samples rows that need no
+    ``fused`` (default: ``fused_sampler_enabled``: CUDA logits) samples rows that need no
     top-k / top-p / min-p filter with one
     Triton Gumbel-max pass (``minivllm.kernels.gumbel_sample``) instead of softmax + exponential
     race: the same distribution, other random draws (seeded rows stay reproducible and
@@ -106,6 +125,10 @@ class Sampler(nn.Module):
         super().__init__()
         self.fused = fused
 
+    def uses_fused(self, device: torch.device) -> bool:
+        """Whether batches without top-k / top-p / min-p take the fused Gumbel pass on ``device``."""
+        return self.fused if self.fused is not None else fused_sampler_enabled(device)
+
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != md.batch_size:
             raise ValueError(f"logits must be [{md.batch_size}, V], got {tuple(logits.shape)}")
@@ -113,8 +136,7 @@ class Sampler(nn.Module):
             raise ValueError("metadata vocab_size does not match the logits width")
 
         modifies = md.min_tokens_rows is not None or not md.no_penalties
-        default = logits.is_cuda and os.environ.get("MINIVLLM_FUSED_SAMPLER", "1") != "0"
-        fused = ((self.fused if self.fused is not None else default) and not md.all_greedy
+        fused = (self.uses_fused(logits.device) and not md.all_greedy
                  and md.no_top_k and md.no_top_p and md.no_min_p)
         if (md.all_greedy or fused) and not modifies:
             x = logits  # argmax, or the fused pass that reads the logits once: no copy

@@ -65,6 +65,12 @@ def _mix_seed(seed: int, step: int) -> int:
     return z & _MASK63
 
 
+def seeded_keys(params: Sequence[SamplingParams], num_generated: Sequence[int]) -> list[tuple[int, int]]:
+    """``(row, 63-bit key)`` of each seeded random row: the key of its seed and its tokens generated so far."""
+    return [(i, _mix_seed(p.seed, n)) for i, (p, n) in enumerate(zip(params, num_generated, strict=True))
+            if p.seed is not None and p.temperature >= SAMPLING_EPS]
+
+
 def request_generator(seed: int, num_generated: int, device: torch.device | str) -> torch.Generator:
     """The generator a seeded request uses for its token number ``num_generated`` (0-based)."""
     return _generator(_mix_seed(seed, num_generated), device)
@@ -205,11 +211,7 @@ def build_sampling_metadata(
         md.min_tokens_cols = _to_device(cols, torch.int64, device)
 
     if not all_greedy:
-        md.seeded_keys = [
-            (i, _mix_seed(p.seed, len(out)))
-            for i, (p, out, g) in enumerate(zip(params, output_token_ids, greedy, strict=True))
-            if p.seed is not None and not g
-        ]
+        md.seeded_keys = seeded_keys(params, [len(out) for out in output_token_ids])
         md.seeded = [(i, _generator(key, device)) for i, key in md.seeded_keys]
         md.any_seeded = bool(md.seeded)
     return md

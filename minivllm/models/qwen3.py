@@ -132,8 +132,9 @@ class Qwen3ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta)  # [n, hidden]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        return self.lm_head(hidden)  # [rows, vocab] (None on ranks > 0)
+    def compute_logits(self, hidden: torch.Tensor, gather: bool = True) -> torch.Tensor | None:
+        """[rows, vocab] on rank 0 (None on ranks > 0); ``gather=False``: each rank's [rows, per_rank] slice."""
+        return self.lm_head(hidden, gather)
 
 
 class LlamaForCausalLM(Qwen3ForCausalLM):

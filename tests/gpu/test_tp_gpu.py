@@ -32,16 +32,18 @@ def test_tp2_equals_tp1_float32(tiny_model, graphs):
     assert got == expected
 
 
-def _check_tp_equals_tp1(model: str, tp: int, check, monkeypatch, env: dict[str, str] | None = None) -> None:
-    """TP=``tp`` (CUDA graphs, ``env`` set) gives TP=1's greedy tokens in float32; ``check(runner)`` first."""
+def _check_tp_equals_tp1(model: str, tp: int, check, monkeypatch, env: dict[str, str] | None = None,
+                         params=GREEDY) -> None:
+    """TP=``tp`` (CUDA graphs, ``env`` set) gives TP=1's tokens for ``params`` (default greedy) in float32;
+    ``check(runner)`` first."""
     kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
     with LLM(model, **kw) as one:
-        expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
+        expected = [o["token_ids"] for o in one.generate(PROMPTS, params, use_tqdm=False)]
     for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)
     with LLM(model, tensor_parallel_size=tp, **kw) as many:
         check(many.executor.runner)
-        got = [o["token_ids"] for o in many.generate(PROMPTS, GREEDY, use_tqdm=False)]
+        got = [o["token_ids"] for o in many.generate(PROMPTS, params, use_tqdm=False)]
     assert got == expected
 
 
@@ -78,6 +80,20 @@ def test_tp2_nccl_only_equals_tp1(tiny_model, monkeypatch):
     def check(runner):
         assert runner.tp_group.custom_ar is None
     _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_CUSTOM_AR": "0"})
+
+
+def test_tp2_sharded_sampling_equals_tp1(tiny_model, monkeypatch):
+    """``MINIVLLM_TP_SHARDED_SAMPLING=1``: each rank samples its vocabulary slice with the fused Gumbel pass
+    (greedy and seeded temperature rows; CUDA graphs, asynchronous scheduling), rank 0 picks the best pair."""
+    params = [GREEDY if i % 3 == 0 else SamplingParams(temperature=(0.6, 1.0, 1.3)[i % 3], seed=100 + i,
+                                                        max_tokens=24, ignore_eos=True) for i in range(len(PROMPTS))]
+    runners = []
+
+    def check(runner):
+        assert runner.sharded_sampling and runner.sampler.uses_fused(runner.device) and runner.share_sampled
+        runners.append(runner)
+    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_TP_SHARDED_SAMPLING": "1"}, params=params)
+    assert runners[0].num_sharded_steps > 0
 
 
 def test_killed_worker_on_gpu_raises_clear_error(tiny_tied_model):
