@@ -102,6 +102,20 @@ for s in $sections; do
               timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py \
                 -k "(pdl_and_fused or fused_all_reduce_norm or sharded) and not untied" > "$R/tp_new_tests.log" 2>&1
               tail -4 "$R/tp_new_tests.log" ;;
+    attn) timeout 200 python3 benchmarks/bench_kernels.py --cuda-graph --heads 16 4 128 --block-sizes 256 --batches 64 256 \
+            --contexts 512 1024 2048 --configs 64x2x4 64x3x4 64x4x4 32x3x4 32x4x4 128x2x4 128x3x8 64x3x8 > "$R/attn_configs.txt" 2>&1
+          tail -9 "$R/attn_configs.txt"
+          timeout 120 python3 benchmarks/bench_kernels.py --cuda-graph --heads 16 4 128 --block-sizes 256 --batches 64 256 \
+            --contexts 512 1024 2048 --sweep-splits 2 4 8 > "$R/attn_splits.txt" 2>&1; tail -9 "$R/attn_splits.txt" ;;
+    archeck) for c in ${CHECKS:-1024 16}; do
+               MINIVLLM_CUSTOM_AR_CHECK_EVERY=$c timeout 100 python3 benchmarks/bench_all_reduce.py --world 2 \
+                 --json-out "$R/all_reduce_check$c.json" 2>&1 | tail -9
+               MINIVLLM_CUSTOM_AR_CHECK_EVERY=$c timeout 100 python3 benchmarks/bench_all_reduce.py --world 2 --fused-norm \
+                 --rows 1 8 64 256 512 --tile-rows 0 1 2 4 --json-out "$R/ar_norm_check$c.json" 2>&1 | tail -7; done ;;
+    tpbase) MINIVLLM_PDL=0 MINIVLLM_FUSED_AR_NORM=0 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 \
+              --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_base.json" 2>&1 | tail -4 ;;
+    tpshard) MINIVLLM_TP_SHARDED_SAMPLING=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 \
+               --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_sharded.json" 2>&1 | tail -4 ;;
     pdlbench) timeout 200 python3 benchmarks/bench_pdl.py --json-out "$R/pdl_bench.json" 2>&1 | tail -6 ;;
     arnorm) for p in 0 1; do MINIVLLM_PDL=$p timeout 120 python3 benchmarks/bench_all_reduce.py --world 2 --fused-norm \
               --rows 1 8 64 128 256 512 1024 --json-out "$R/ar_norm_pdl$p.json" 2>&1 | tail -10; done ;;

@@ -120,13 +120,14 @@ def test_wait_records_diagnostic():
         assert r["exact"] == [True] * 10 and r["summary"].startswith(f"rank {rank}: last 11 of 11 calls waited")
 
 
-NORM_SHAPES = [(1, 4096), (7, 4096), (256, 4096), (3, 5120)]
+NORM_SHAPES = [(1, 4096), (7, 4096), (256, 4096), (3, 5120), (1000, 4096)]  # 256 / 1000 rows: tiles of 2 rows
 
 
 def _norm_worker(rank: int, world: int, port: int) -> list:
     from minivllm.kernels.fused_norm import fused_add_rms_norm
 
     dev, comm, car = _connect(rank, world, port)
+    car.max_norm_rows = 1 << 20  # NOTE: the kernel at every size, not only the engine's (<= 16 rows by default)
     out = []
     for i, (m, d) in enumerate(NORM_SHAPES):
         x = _input(i, rank, m * d, torch.bfloat16, dev).view(m, d)
