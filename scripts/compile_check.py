@@ -87,9 +87,9 @@ KERNELS = [
        {"HAS_TEMPERATURE": noisy, "NOISY": noisy, "BLOCK_V": 4096})
       for name, noisy in (("", True), (" (all greedy)", False))],
     ("Gumbel pick", gs._gumbel_pick_kernel, {"best_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*i64", "C": "i32"},
-     {"BLOCK_C": 64}),
-    ("Gumbel pick, sharded (best, id) pairs", gs._gumbel_pick_pair_kernel,
-     {"best_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*fp64", "C": "i32"}, {"BLOCK_C": 64}),
+     {"BLOCK_C": 64, "PAIR": False}),
+    ("Gumbel pick, sharded (best, id) pairs", gs._gumbel_pick_kernel,
+     {"best_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*fp64", "C": "i32"}, {"BLOCK_C": 64, "PAIR": True}),
 ]
 
 

@@ -262,3 +262,16 @@ def test_wait_ring_size_reads_a_count_or_says_what_is_wrong(monkeypatch):
         monkeypatch.setenv("MINIVLLM_CUSTOM_AR_WAITS", bad)
         with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR_WAITS must be a count of calls"):
             wait_ring_size()
+
+
+def test_check_every_switch(monkeypatch):
+    from minivllm.kernels.one_shot_all_reduce import _check_every
+
+    monkeypatch.delenv("MINIVLLM_CUSTOM_AR_CHECK_EVERY", raising=False)
+    assert _check_every() == 1024
+    monkeypatch.setenv("MINIVLLM_CUSTOM_AR_CHECK_EVERY", "16")
+    assert _check_every() == 16
+    for bad in ("0", "often"):
+        monkeypatch.setenv("MINIVLLM_CUSTOM_AR_CHECK_EVERY", bad)
+        with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR_CHECK_EVERY must be a poll count"):
+            _check_every()

@@ -63,23 +63,19 @@ def _gumbel_chunk_kernel(
 
 
 @triton.jit
-def _gumbel_pick_kernel(best_ptr, idx_ptr, out_ptr, C, BLOCK_C: tl.constexpr):
+def _gumbel_pick_kernel(best_ptr, idx_ptr, out_ptr, C, BLOCK_C: tl.constexpr, PAIR: tl.constexpr):
+    """Each row's best chunk: ``out[row]`` its token id (int64), or with ``PAIR`` ``out[row] = (best noisy
+    value, token id)`` as float64 [B, 2] (both exact in float64)."""
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK_C)  # [BLOCK_C]
     best = tl.load(best_ptr + row * C + c, mask=c < C, other=-float("inf"))
     win = tl.argmax(best, 0)  # the first chunk of equal bests: the lowest token id
-    tl.store(out_ptr + row, tl.load(idx_ptr + row * C + win).to(tl.int64))
-
-
-@triton.jit
-def _gumbel_pick_pair_kernel(best_ptr, idx_ptr, out_ptr, C, BLOCK_C: tl.constexpr):
-    """``out[row] = (best noisy value, its token id)`` as float64 [B, 2] (both exact in float64)."""
-    row = tl.program_id(0)
-    c = tl.arange(0, BLOCK_C)  # [BLOCK_C]
-    best = tl.load(best_ptr + row * C + c, mask=c < C, other=-float("inf"))
-    win = tl.argmax(best, 0)  # the first chunk of equal bests: the lowest token id
-    tl.store(out_ptr + row * 2, tl.load(best_ptr + row * C + win).to(tl.float64))
-    tl.store(out_ptr + row * 2 + 1, tl.load(idx_ptr + row * C + win).to(tl.float64))
+    idx = tl.load(idx_ptr + row * C + win)
+    if PAIR:
+        tl.store(out_ptr + row * 2, tl.load(best_ptr + row * C + win).to(tl.float64))
+        tl.store(out_ptr + row * 2 + 1, idx.to(tl.float64))
+    else:
+        tl.store(out_ptr + row, idx.to(tl.int64))
 
 
 def _check_inputs(logits: torch.Tensor, seeds: torch.Tensor | None, block_v: int) -> None:
@@ -120,7 +116,7 @@ def gumbel_sample(logits: torch.Tensor, seeds: torch.Tensor, temperature: torch.
         return out
     best, idx = _chunk_pass(logits, seeds, temperature, vocab, 0, block_v)
     chunks = best.shape[1]
-    _gumbel_pick_kernel[(batch,)](best, idx, out, chunks, BLOCK_C=triton.next_power_of_2(chunks))
+    _gumbel_pick_kernel[(batch,)](best, idx, out, chunks, BLOCK_C=triton.next_power_of_2(chunks), PAIR=False)
     return out
 
 
@@ -143,7 +139,7 @@ def gumbel_sample_shard(logits: torch.Tensor, seeds: torch.Tensor | None, temper
     valid = max(0, min(logits.shape[1], vocab_size - vocab_start))  # [vocab_start, vocab_size) only
     best, idx = _chunk_pass(logits, seeds, temperature, valid, vocab_start, block_v)
     chunks = best.shape[1]
-    _gumbel_pick_pair_kernel[(batch,)](best, idx, out, chunks, BLOCK_C=triton.next_power_of_2(chunks))
+    _gumbel_pick_kernel[(batch,)](best, idx, out, chunks, BLOCK_C=triton.next_power_of_2(chunks), PAIR=True)
     return out
 
 

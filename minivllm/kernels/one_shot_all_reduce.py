@@ -43,7 +43,14 @@ except ImportError:  # pragma: no cover - older Triton: no wait records
 # once one rank's wait reaches its host reads, that rank is late for the next call, the peer's wait
 # reaches its own, and the two sustain each other. Reads every 1024 polls (~0.3 ms) still locked some
 # benchmark runs into ~335 us calls. MINIVLLM_CUSTOM_AR_CHECK_EVERY overrides the poll count.
-SPIN_CHECK_ABORT_EVERY = int(os.environ.get("MINIVLLM_CUSTOM_AR_CHECK_EVERY", "1024"))
+def _check_every() -> int:
+    text = os.environ.get("MINIVLLM_CUSTOM_AR_CHECK_EVERY", "1024")
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"MINIVLLM_CUSTOM_AR_CHECK_EVERY must be a poll count (an integer >= 1), not {text!r}")
+    return int(text)
+
+
+SPIN_CHECK_ABORT_EVERY = _check_every()
 ABORT_CHECK_AFTER_NS = tl.constexpr(20_000_000)  # a wait this long (20 ms) means a peer is stuck or dead
 
 
