@@ -8,11 +8,13 @@ CUDA graph of ``--calls`` in-place all-reduces replayed ``--iters`` times (what 
 graph does): microseconds per all-reduce.
 
     PYTHONPATH=. python benchmarks/bench_all_reduce.py --world 2 --fused-norm [--rows 1 8 64 256]
+    PYTHONPATH=. python benchmarks/bench_all_reduce.py --world 2 --nccl-mb 16 32 64 128
 
 ``--fused-norm``: a row-parallel layer's sum followed by the residual add + RMSNorm of [M, 4096] bf16
 rows, as two kernels (the custom all-reduce, then ``fused_add_rms_norm``) against the one fused
 kernel at each tile height in ``--tile-rows`` (0: the kernel's default); the fused results are
-checked bit-equal to the two-kernel path first.
+checked bit-equal to the two-kernel path first. ``--nccl-mb``: NCCL alone at prefill sizes (the
+NCCL_* environment, e.g. ``NCCL_PROTO=Simple``, is printed with the table).
 """
 
 from __future__ import annotations
@@ -79,6 +81,41 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[d
         c.close()
     comm.abort()
     return rows
+
+
+def nccl_worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
+    """NCCL alone at prefill sizes (past the custom kernel's buffers): us per call and the bus bandwidth."""
+    import torch.distributed as dist
+
+    from minivllm.utils.pynccl import NcclCommunicator
+
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=120))
+    comm = NcclCommunicator(store, rank, world, dev)
+    rows = []
+    for mb in args.nccl_mb:
+        n = mb * (1 << 20) // 2
+        z = torch.full((n,), 1.0, device=dev, dtype=torch.bfloat16)
+        us = time_in_graph(lambda z=z: comm.all_reduce(z), 4, 10)
+        # NOTE: nccl-tests' bus bandwidth: bytes x 2 (world - 1) / world / time
+        rows.append({"mb": mb, "nccl_us": us, "busbw_gb_s": n * 2 * 2 * (world - 1) / world / us / 1e3})
+    comm.abort()
+    return rows
+
+
+def main_nccl(args: argparse.Namespace) -> None:
+    results = run_ranks(nccl_worker, args.world, args, timeout=args.timeout)
+    if any(isinstance(r, str) for r in results.values()):
+        raise SystemExit(f"failed: {results}")
+    env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    print(f"NCCL all-reduce of bf16 over {args.world} x {torch.cuda.get_device_name(0)} (CUDA graph of 4, 10 replays; {env})")
+    print(f"{'MB':>6}{'us':>10}{'busbw GB/s':>12}")
+    for r in results[0]:
+        print(f"{r['mb']:>6}{r['nccl_us']:>10.1f}{r['busbw_gb_s']:>12.1f}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"world": args.world, "env": env, "rows": results[0], "by_rank": results}, f, indent=1)
 
 
 def fused_norm_worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
@@ -168,7 +205,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 128, 256, 512])
     ap.add_argument("--tile-rows", type=int, nargs="+", default=[0, 1, 2, 4, 8])
     ap.add_argument("--dim", type=int, default=4096)
+    ap.add_argument("--nccl-mb", type=int, nargs="+", default=None,
+                    help="time NCCL alone at these sizes in MiB (prefill all-reduces), nothing else")
     args = ap.parse_args()
+    if args.nccl_mb:
+        return main_nccl(args)
     if args.fused_norm:
         return main_fused_norm(args)
     results = run_ranks(worker, args.world, args, timeout=args.timeout)

@@ -10,6 +10,11 @@
 #   arnorm: bench_all_reduce.py --fused-norm (all-reduce + add + RMSNorm: two kernels vs fused), PDL off and on
 #   attn: decode attention at TP=2 shapes of Qwen3-8B (16/4 heads): unified-kernel tile configurations, split-KV
 #   archeck: bench_all_reduce.py (plain and --fused-norm) with the abort flag read every 1024 and every 16 polls
+#   tpvar: Qwen3-8B at TP=2 once per entry of $TP_VARIANTS, "name:VAR=value,VAR2=value" (name: alone = defaults),
+#          e.g. TP_VARIANTS="base: simple:NCCL_PROTO=Simple"; results in tp_8b_<name>.json
+#   arsweep: bench_all_reduce.py over the kernel shapes in $AR_CONFIGS (PROGRAMSxBLOCKxWARPS), the fused norm at
+#            $MINIVLLM_CUSTOM_AR_PROGRAMS-style program counts in $NORM_PROGRAMS, and NCCL alone at 16-128 MB with
+#            each NCCL setting in $NCCL_VARIANTS ("name:VAR=value,...")
 #   tpbase: Qwen3-8B at TP=2 with PDL and the fused all-reduce + norm off (the defaults before 2026-11-23)
 #   tpshard: Qwen3-8B at TP=2 with MINIVLLM_TP_SHARDED_SAMPLING=1 (each rank samples its vocabulary slice)
 #   tppdl / tppdlnorm: Qwen3-8B at TP=2 with MINIVLLM_PDL=1 (and MINIVLLM_FUSED_AR_NORM=1)
@@ -123,6 +128,16 @@ for s in $sections; do
              --tp 2 --json-out "$R/tp_8b_pdl.json" 2>&1 | tail -4 ;;
     tppdlnorm) MINIVLLM_PDL=1 MINIVLLM_FUSED_AR_NORM=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 \
                  --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_pdl_fused_norm.json" 2>&1 | tail -4 ;;
+    tpvar) for v in ${TP_VARIANTS:-base:}; do name=${v%%:*}; vars=${v#*:}; echo "== tp variant $name: ${vars:-defaults}"
+             env ${vars//,/ } timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 --model benchmarks/configs/qwen3-8b \
+               --tp 2 --json-out "$R/tp_8b_$name.json" 2>&1 | tail -3; save; done ;;
+    arsweep) timeout 150 python3 benchmarks/bench_all_reduce.py --world 2 --configs ${AR_CONFIGS:-64x2048x8 128x2048x8 256x2048x8} \
+               --json-out "$R/all_reduce_sweep.json" 2>&1 | tail -10
+             for p in ${NORM_PROGRAMS:-64 128 256}; do MINIVLLM_CUSTOM_AR_PROGRAMS=$p timeout 100 python3 benchmarks/bench_all_reduce.py \
+               --world 2 --fused-norm --rows 1 8 64 128 256 512 --tile-rows 0 --json-out "$R/ar_norm_p$p.json" 2>&1 | tail -7; done
+             for v in ${NCCL_VARIANTS:-default:}; do name=${v%%:*}; vars=${v#*:}
+               env ${vars//,/ } timeout 100 python3 benchmarks/bench_all_reduce.py --world 2 --nccl-mb 16 32 64 128 \
+                 --json-out "$R/nccl_$name.json" 2>&1 | tail -6; done ;;
     *) echo "unknown section $s" ;;
   esac
   save

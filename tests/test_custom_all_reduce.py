@@ -275,3 +275,13 @@ def test_check_every_switch(monkeypatch):
         monkeypatch.setenv("MINIVLLM_CUSTOM_AR_CHECK_EVERY", bad)
         with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR_CHECK_EVERY must be a poll count"):
             _check_every()
+
+
+def test_programs_switch(monkeypatch):
+    """``MINIVLLM_CUSTOM_AR_PROGRAMS`` sets the kernel's grid (checked before any buffer is made)."""
+    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
+
+    for bad in ("0", "lots"):
+        monkeypatch.setenv("MINIVLLM_CUSTOM_AR_PROGRAMS", bad)
+        with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR_PROGRAMS must be a count of programs"):
+            create_custom_all_reduce(None, 0, 2, torch.device("cpu"), lambda t: None)

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.pdl import pdl_options, pdl_wait
+from minivllm.utils.env import env_int
 
 try:
     from triton.language.extra.cuda import globaltimer
@@ -44,10 +45,7 @@ except ImportError:  # pragma: no cover - older Triton: no wait records
 # reaches its own, and the two sustain each other. Reads every 1024 polls (~0.3 ms) still locked some
 # benchmark runs into ~335 us calls. MINIVLLM_CUSTOM_AR_CHECK_EVERY overrides the poll count.
 def _check_every() -> int:
-    text = os.environ.get("MINIVLLM_CUSTOM_AR_CHECK_EVERY", "1024")
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"MINIVLLM_CUSTOM_AR_CHECK_EVERY must be a poll count (an integer >= 1), not {text!r}")
-    return int(text)
+    return env_int("MINIVLLM_CUSTOM_AR_CHECK_EVERY", 1024, minimum=1, what="a poll count")
 
 
 SPIN_CHECK_ABORT_EVERY = _check_every()

@@ -20,6 +20,7 @@ from collections import Counter
 import torch
 
 from minivllm.kernels.one_shot_all_reduce import one_shot_all_reduce, one_shot_all_reduce_add_rms_norm
+from minivllm.utils.env import env_int
 
 log = logging.getLogger(__name__)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -130,18 +131,12 @@ def fused_norm_max_rows() -> int:
     (3.43 without) but 2-4% less throughput on the 256-request workload, so it stays on the
     decode-one-to-few-rows side (the GEMV's 16 rows) until the larger sizes are understood.
     """
-    text = os.environ.get("MINIVLLM_FUSED_AR_NORM_MAX_ROWS", "16")
-    if not text.isdigit():
-        raise ValueError(f"MINIVLLM_FUSED_AR_NORM_MAX_ROWS must be a row count (an integer >= 0), not {text!r}")
-    return int(text)
+    return env_int("MINIVLLM_FUSED_AR_NORM_MAX_ROWS", 16, what="a row count")
 
 
 def wait_ring_size() -> int:
     """``MINIVLLM_CUSTOM_AR_WAITS``: how many calls' waits to keep (0, the default: none)."""
-    text = os.environ.get("MINIVLLM_CUSTOM_AR_WAITS", "0")
-    if not text.isdigit():
-        raise ValueError(f"MINIVLLM_CUSTOM_AR_WAITS must be a count of calls (an integer >= 0), not {text!r}")
-    return int(text)
+    return env_int("MINIVLLM_CUSTOM_AR_WAITS", 0, what="a count of calls")
 
 
 def summarize_waits(rank: int, calls: int, ring: list[int]) -> str:
@@ -189,7 +184,9 @@ def create_custom_all_reduce(store, rank: int, world: int, device: torch.device,
     from minivllm.utils.cuda_ipc import IpcBuffer, close_ipc_handle, open_ipc_handle
 
     capacity_bytes = capacity_bytes or (DEFAULT_CAPACITY if world <= 2 else DEFAULT_CAPACITY // 2)
-    programs = kernel.get("programs", DEFAULT_PROGRAMS)
+    kernel.setdefault("programs", env_int("MINIVLLM_CUSTOM_AR_PROGRAMS", DEFAULT_PROGRAMS, minimum=1,
+                                          what="a count of programs"))
+    programs = kernel["programs"]
     own: list[IpcBuffer] = []
     try:
         own = [IpcBuffer(2 * world * capacity_bytes, device), IpcBuffer(programs * world * 4, device)]

@@ -11,3 +11,14 @@ def env_switch(name: str, default: bool) -> bool:
     if flag not in ("0", "1"):
         raise ValueError(f"{name} must be '0' or '1', not {flag!r}")
     return flag == "1"
+
+
+def env_int(name: str, default: int, minimum: int = 0, what: str = "a count") -> int:
+    """A non-negative integer environment setting (unset: ``default``); a value below ``minimum`` or not an
+    integer is a clear error."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or int(text) < minimum:
+        raise ValueError(f"{name} must be {what} (an integer >= {minimum}), not {text!r}")
+    return int(text)
