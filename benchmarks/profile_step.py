@@ -9,6 +9,12 @@ host phases then overlap the device, "launch" is the host time to enqueue a step
 tokens" is the time the host idles until the previous step's tokens arrive. ``--sync-phases``
 turns asynchronous scheduling off and synchronizes after the device phases (their time then
 includes the GPU work they launched).
+
+    PYTHONPATH=. python benchmarks/profile_step.py --model ... --tp 2 --decode-rows 8 48 112 240
+
+``--decode-rows``: for each count, that many requests decoding together after ``--decode-context``
+prompt tokens; 30 steps' kernel time (rank 0) by category: GEMM, attention, all-reduce, norm, sampling,
+other.
 """
 
 from __future__ import annotations
@@ -109,6 +115,60 @@ def collective_spread(prof, steps: int) -> None:
             print(f"    slow calls by position in the step's {per} (position: count): {dict(where.most_common(6))}")
 
 
+CATEGORIES = (("GEMM", ("nvjet", "gemm", "gemv", "cutlass", "sm90_xmma", "aten::mm")),
+              ("attention", ("attention", "decode_kernel", "split_kv")),
+              ("all-reduce", ("all_reduce", "AllReduce")),
+              ("norm", ("norm",)),
+              ("sampling", ("gumbel", "sample", "argmax", "Gather", "Broadcast", "SendRecv")))
+
+
+def kernel_categories(prof, steps: int) -> None:
+    """GPU time a step by kind of kernel (rank 0), then the largest kernels of the rest."""
+    per_cat: dict[str, float] = defaultdict(float)
+    other: dict[str, float] = defaultdict(float)
+    for e in prof.key_averages():
+        t = e.self_device_time_total / 1000 / steps  # ms a step
+        if t <= 0 or e.key.startswith("aten::"):
+            continue
+        cat = next((c for c, keys in CATEGORIES if any(k in e.key for k in keys)), None)
+        if cat is None:
+            other[e.key[:60]] += t
+        else:
+            per_cat[cat] += t
+    per_cat["other"] = sum(other.values())
+    print(f"{'kernels':<16}{'ms/step':>9}   " + "  ".join(f"{c} {t:.3f}" for c, t in per_cat.items())
+          + f"   total {sum(per_cat.values()):.3f}")
+    for name, t in sorted(other.items(), key=lambda kv: -kv[1])[:6]:
+        print(f"    other: {name:<60}{t:>8.3f} ms/step")
+
+
+def run_decode_batch(llm: LLM, rows: int, context: int, steps: int = 30) -> None:
+    """``rows`` requests of ``context`` prompt tokens, all decoding; ``steps`` decode steps profiled."""
+    vocab = min(10000, llm.config.model_config.vocab_size - 1)
+    for _ in range(rows):
+        llm.add_request([random.randint(0, vocab) for _ in range(context)],
+                        SamplingParams(temperature=0.6, max_tokens=steps + 40, ignore_eos=True))
+    while any(s.num_completion_tokens < 2 for s in llm.scheduler.running) or llm.scheduler.waiting:
+        llm.step()
+    for _ in range(5):
+        llm.step()
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA if cuda
+                                              else torch.profiler.ProfilerActivity.CPU])
+    sync()
+    t0 = time.perf_counter()
+    with prof:
+        for _ in range(steps):
+            llm.step()
+        sync()
+    wall = (time.perf_counter() - t0) * 1000 / steps
+    print(f"\n## decode, {rows} rows, context ~{context}: wall {wall:.3f} ms/step (profiled)")
+    kernel_categories(prof, steps)
+    while llm.has_unfinished_requests():
+        llm.step()
+
+
 def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool, sync: bool) -> None:
     for p, sp in zip(prompts, params):
         llm.add_request(p, sp)
@@ -154,6 +214,9 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (kernels: rank 0's GPU)")
     ap.add_argument("--sync-phases", action="store_true",
                     help="asynchronous scheduling off, a synchronize after each device phase")
+    ap.add_argument("--decode-rows", type=int, nargs="*", default=None,
+                    help="instead of the two scenarios: decode batches of these many rows, by kernel category")
+    ap.add_argument("--decode-context", type=int, default=1000)
     args = ap.parse_args()
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.max_model_len,
               enforce_eager=args.enforce_eager, device=args.device, tensor_parallel_size=args.tp,
@@ -161,6 +224,10 @@ def main() -> None:
     print(f"async_scheduling={llm.config.async_scheduling}")
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
     random.seed(0)
+    if args.decode_rows:
+        for rows in args.decode_rows:
+            run_decode_batch(llm, rows, args.decode_context)
+        return
     one = [[random.randint(0, min(10000, llm.config.model_config.vocab_size - 1)) for _ in range(128)]]
     run_scenario(llm, one, [SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)],
                  "one request, decode", not args.no_kernels, args.sync_phases)
