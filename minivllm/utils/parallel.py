@@ -94,6 +94,12 @@ class TPGroup:
         self.custom_ar = None  # the one-shot kernel for small sums, beside pynccl
         self.backend = None
         self.aborted = False
+        # NOTE: a timing diagnostic only (wrong outputs): float sums return at once, to measure what the
+        # all-reduces cost inside the engine
+        self.skip_sums = env_switch("MINIVLLM_DEBUG_SKIP_TP_SUMS", False)
+        if self.skip_sums and rank == 0:
+            print("[minivllm] MINIVLLM_DEBUG_SKIP_TP_SUMS=1: tensor-parallel sums are skipped, outputs are wrong "
+                  "(timing diagnostic)", file=sys.stderr, flush=True)
         _live[init_method] = self  # NOTE: before the NCCL init, so abort_group can end rank 0's wait for peers
         if self.is_nccl and nccl_comm_kind() == "pynccl":
             from minivllm.utils.pynccl import NcclCommunicator
@@ -119,6 +125,8 @@ class TPGroup:
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> None:
         """In place, over all ranks (contiguous ``t``; fine inside a CUDA graph capture with NCCL)."""
+        if self.skip_sums and op == "sum" and t.is_floating_point():
+            return None
         if self.custom_ar is not None and op == "sum" and self.custom_ar.fits(t):
             return self.custom_ar.all_reduce(t)
         if self.comm is not None:
@@ -132,7 +140,7 @@ class TPGroup:
         """Sum ``x`` over the ranks, and where the custom kernel takes the tensors also the residual add and
         RMSNorm in the same launch: ``(x, residual)`` if it did all three, None if it only summed ``x``."""
         car = self.custom_ar
-        if car is not None and car.fits_add_rms_norm(x, residual, weight):
+        if car is not None and not self.skip_sums and car.fits_add_rms_norm(x, residual, weight):
             return car.all_reduce_add_rms_norm(x, residual, weight, eps)
         self.all_reduce(x)
         return None
