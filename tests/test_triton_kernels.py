@@ -226,3 +226,32 @@ def test_pdl_only_on_cuda(monkeypatch):
         monkeypatch.setenv("MINIVLLM_PDL", flag)
         assert not use_pdl(torch.ones(2))
         assert pdl_options(torch.ones(2)) == {"USE_PDL": False}
+
+
+def test_pdl_for_rows(monkeypatch):
+    """``MINIVLLM_PDL_MAX_ROWS``: inside ``pdl_for_rows(n)`` a larger batch launches without PDL; the scope
+    nests and restores; a bad value is a clear error."""
+    from types import SimpleNamespace
+
+    from minivllm.kernels import pdl
+
+    monkeypatch.delenv("MINIVLLM_PDL", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: True)
+    gpu = SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0))  # stands in for a CUDA tensor
+    monkeypatch.delenv("MINIVLLM_PDL_MAX_ROWS", raising=False)
+    with pdl.pdl_for_rows(100_000):
+        assert pdl.use_pdl(gpu)  # no limit by default
+    monkeypatch.setenv("MINIVLLM_PDL_MAX_ROWS", "16")
+    assert pdl.use_pdl(gpu)  # outside any scope
+    with pdl.pdl_for_rows(16):
+        assert pdl.use_pdl(gpu)
+        with pdl.pdl_for_rows(17):
+            assert not pdl.use_pdl(gpu)
+            assert pdl.pdl_options(gpu) == {"USE_PDL": False}
+        assert pdl.use_pdl(gpu)
+    assert pdl.use_pdl(gpu)
+    monkeypatch.setenv("MINIVLLM_PDL_MAX_ROWS", "some")
+    with pytest.raises(ValueError, match="MINIVLLM_PDL_MAX_ROWS must be a row count"):
+        with pdl.pdl_for_rows(1):
+            pass

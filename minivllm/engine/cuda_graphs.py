@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.engine.step_inputs import StepInputs
+from minivllm.kernels.pdl import pdl_for_rows
 from minivllm.layers.attention_metadata import AttentionMetadata
 
 
@@ -68,9 +69,10 @@ class DecodeGraphRunner:
         for bs in reversed(self.sizes):
             meta = self._meta(bs)
             graph = torch.cuda.CUDAGraph()
-            self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], meta)  # warm-up
-            with torch.cuda.graph(graph, pool):
-                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], meta)
+            with pdl_for_rows(bs):
+                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], meta)  # warm-up
+                with torch.cuda.graph(graph, pool):
+                    self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], meta)
             if pool is None:
                 pool = graph.pool()
             self.graphs[bs] = graph

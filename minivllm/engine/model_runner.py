@@ -25,6 +25,7 @@ from minivllm.engine.executor import SampledTokens
 from minivllm.engine.scheduler import SchedulerOutput
 from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.step_inputs import StepInputs, build_step_inputs
+from minivllm.kernels.pdl import pdl_for_rows
 from minivllm.kernels.reference import FP8_DTYPES
 from minivllm.layers.attention import Attention
 from minivllm.layers.attention_metadata import AttentionMetadata
@@ -230,7 +231,8 @@ class ModelRunner:
             input_ids = self._to_device(inp.input_ids)  # [num_tokens]
             if prev is not None:
                 input_ids[self._to_device(inp.prev_token_index)] = prev[self._to_device(inp.prev_token_src)]
-            hidden = self.model(input_ids, self._to_device(inp.positions), meta)
+            with pdl_for_rows(len(inp.input_ids)):
+                hidden = self.model(input_ids, self._to_device(inp.positions), meta)
         if len(inp.sample_indices) == 0:
             return None
         if len(inp.sample_indices) < hidden.shape[0]:  # NOTE: all rows sampled means indices 0..n-1

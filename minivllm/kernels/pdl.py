@@ -22,14 +22,34 @@ step at one row; the TP=2 engine 3.51 -> 3.43 ms/token.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import os
+from contextlib import contextmanager
 
 import torch
 import triton
 import triton.language as tl
 
-from minivllm.utils.env import env_switch
+from minivllm.utils.env import env_int, env_switch
+
+# NOTE: False inside ``pdl_for_rows`` of a batch larger than MINIVLLM_PDL_MAX_ROWS (per thread / task)
+_ROWS_ALLOW = contextvars.ContextVar("minivllm_pdl_rows_allow", default=True)
+
+
+def pdl_max_rows() -> int:
+    """``MINIVLLM_PDL_MAX_ROWS``: the largest batch (rows or tokens) whose kernels launch with PDL (default: any)."""
+    return env_int("MINIVLLM_PDL_MAX_ROWS", 1 << 30, what="a row count")
+
+
+@contextmanager
+def pdl_for_rows(rows: int):
+    """Within the block, kernels launch with PDL only if ``rows <= pdl_max_rows()`` (and :func:`use_pdl`)."""
+    token = _ROWS_ALLOW.set(rows <= pdl_max_rows())
+    try:
+        yield
+    finally:
+        _ROWS_ALLOW.reset(token)
 
 
 @functools.cache
@@ -38,8 +58,10 @@ def _hopper_or_later(index: int) -> bool:
 
 
 def use_pdl(t: torch.Tensor) -> bool:
-    """Whether kernels working on ``t`` launch with PDL (a CUDA tensor on sm_90+, unless ``MINIVLLM_PDL=0``)."""
-    if not t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" or not env_switch("MINIVLLM_PDL", True):
+    """Whether kernels working on ``t`` launch with PDL (a CUDA tensor on sm_90+, unless ``MINIVLLM_PDL=0`` or
+    inside :func:`pdl_for_rows` of a batch over ``MINIVLLM_PDL_MAX_ROWS``)."""
+    if (not t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" or not env_switch("MINIVLLM_PDL", True)
+            or not _ROWS_ALLOW.get()):
         return False
     return _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
