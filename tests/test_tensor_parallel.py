@@ -115,6 +115,28 @@ def test_tp2_sums_in_the_norms_matches_tp1(tiny_untied_model, in_norm, monkeypat
     assert got == _reference(tiny_untied_model)[0]
 
 
+@pytest.mark.parametrize("in_norm", ["0", "1"])
+def test_tp2_overlapped_row_sums_match_tp1(tiny_untied_model, in_norm, monkeypatch):
+    """``MINIVLLM_TP_OVERLAP_MIN_ROWS``: row-parallel layers with at least that many rows sum their own output
+    in slices (overlapping the matmul on GPUs) and the norms after them do not sum again; decode steps
+    (fewer rows) keep the usual path. Greedy tokens equal TP=1's either way."""
+    from minivllm.layers.overlapped_linear import chunk_bounds
+
+    assert chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert chunk_bounds(2, 4) == [(0, 1), (1, 2)]
+    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", in_norm)
+    monkeypatch.setenv("MINIVLLM_TP_OVERLAP_MIN_ROWS", "8")
+    monkeypatch.setenv("MINIVLLM_TP_OVERLAP_CHUNKS", "3")
+    with LLM(tiny_untied_model, tensor_parallel_size=2, **KW) as llm:
+        group = llm.executor.runner.tp_group
+        assert group.overlaps_row_sum(8) and not group.overlaps_row_sum(7)
+        got = _run(llm)[0]
+        assert group._row_sum is not None  # the prompts' prefill took the overlapped path
+    for name in ("MINIVLLM_FUSED_AR_NORM", "MINIVLLM_TP_OVERLAP_MIN_ROWS", "MINIVLLM_TP_OVERLAP_CHUNKS"):
+        monkeypatch.delenv(name)
+    assert got == _reference(tiny_untied_model)[0]
+
+
 def test_tp2_chunked_prefill_small_cache(tiny_tied_model):
     ref, _ = _reference(tiny_tied_model, **CHUNKED)
     with LLM(tiny_tied_model, tensor_parallel_size=2, **KW, **CHUNKED) as llm:

@@ -35,7 +35,7 @@ class RMSNorm(nn.Module):
         NOTE: the fused path writes in place into ``x`` and ``residual`` (both are activations
         this layer owns); without a residual it writes a new tensor, since ``x`` becomes the residual.
         """
-        if self.tp_group is not None and residual is not None:
+        if self.tp_group is not None and residual is not None and not self.tp_group.overlaps_row_sum(x.shape[0]):
             if not self.fused:
                 self.tp_group.all_reduce(x)
             elif (done := self.tp_group.all_reduce_add_rms_norm(x, residual, self.weight, self.eps)) is not None:

@@ -108,7 +108,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial outputs summed with an all-reduce (``reduce_results=False``:
-    left to the consumer, an RMSNorm with ``reduce_input``)."""
+    left to the consumer, an RMSNorm with ``reduce_input``). Inputs of at least ``MINIVLLM_TP_OVERLAP_MIN_ROWS``
+    rows are always summed here, the sums overlapping the matmul (``overlapped_linear.py``)."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True):
         super().__init__(divide(input_size, tp_size()), output_size, bias, tp_dim=1)
@@ -121,6 +122,8 @@ class RowParallelLinear(LinearBase):
         super().weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size > 1 and x.dim() == 2 and self.tp_group.overlaps_row_sum(x.shape[0]):
+            return self.tp_group.row_parallel_linear(x, self.weight, self.bias)  # NOTE: summed, whatever reduce_results
         y = linear(x, self.weight, self.bias)
         if self.tp_size > 1 and self.reduce_results:
             self.tp_group.all_reduce(y)

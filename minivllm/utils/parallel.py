@@ -86,7 +86,8 @@ class TPGroup:
             raise ValueError("tensor_parallel_size > 1 needs a rendezvous address (dist_init_method)")
         url = urlparse(init_method)
         timeout = timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S)
-        self.rank, self.size, self.address = rank, world_size, init_method
+        self.rank, self.size, self.address, self.device = rank, world_size, init_method, device
+        self._row_sum = None  # the side stream of overlapped row-parallel sums, made on first use
         self.is_nccl = device.type == "cuda"
         self.store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0, timeout=timeout)
         store = dist.PrefixStore("minivllm_tp/", self.store)
@@ -122,6 +123,24 @@ class TPGroup:
                     getattr(self.backend, name)(*args)
         else:
             self.backend = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+    def overlaps_row_sum(self, rows: int) -> bool:
+        """Whether a row-parallel layer's output of ``rows`` rows is summed inside the layer, overlapping its
+        matmul (``layers/overlapped_linear.py``); its consumer then must not sum it again."""
+        from minivllm.layers.overlapped_linear import overlap_min_rows
+
+        min_rows = overlap_min_rows()
+        return (0 < min_rows <= rows and not self.skip_sums
+                and not (self.is_nccl and torch.cuda.is_current_stream_capturing()))
+
+    def row_parallel_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``all_reduce(F.linear(x, weight, bias))`` with the sums overlapping the matmuls (NCCL on a side stream)."""
+        from minivllm.layers.overlapped_linear import OverlappedRowSum, overlap_chunks
+
+        if self._row_sum is None:
+            sum_fn = self.comm.all_reduce if self.comm is not None else self.all_reduce
+            self._row_sum = OverlappedRowSum(sum_fn, self.device)
+        return self._row_sum.linear(x, weight, bias, overlap_chunks())
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> None:
         """In place, over all ranks (contiguous ``t``; fine inside a CUDA graph capture with NCCL)."""

@@ -82,6 +82,21 @@ def test_tp2_nccl_only_equals_tp1(tiny_model, monkeypatch):
     _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_CUSTOM_AR": "0"})
 
 
+@pytest.mark.parametrize("fused_norm", ["0", "1"])
+def test_tp2_overlapped_row_sums_equal_tp1(tiny_model, fused_norm, monkeypatch):
+    """``MINIVLLM_TP_OVERLAP_MIN_ROWS=16``: prefills of 16+ tokens sum o_proj / down_proj in 3 slices, NCCL on a
+    side stream overlapping the next slice's matmul; decode steps keep the CUDA graphs' kernels."""
+    runners = []
+
+    def check(runner):
+        assert runner.tp_group.overlaps_row_sum(16) and not runner.tp_group.overlaps_row_sum(15)
+        runners.append(runner)
+    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_TP_OVERLAP_MIN_ROWS": "16",
+                                                             "MINIVLLM_TP_OVERLAP_CHUNKS": "3",
+                                                             "MINIVLLM_FUSED_AR_NORM": fused_norm})
+    assert runners[0].tp_group._row_sum is not None and runners[0].tp_group._row_sum.stream is not None
+
+
 def test_tp2_sharded_sampling_equals_tp1(tiny_model, monkeypatch):
     """``MINIVLLM_TP_SHARDED_SAMPLING=1``: each rank samples its vocabulary slice with the fused Gumbel pass
     (greedy and seeded temperature rows; CUDA graphs, asynchronous scheduling), rank 0 picks the best pair."""

@@ -1,0 +1,76 @@
+"""A row-parallel matmul whose all-reduce overlaps it, chunk by chunk (prefill-sized inputs).
+
+A prefill step of Qwen3-8B at TP=2 sums 73 outputs of 16k x 4096 bf16 (128 MB) through NCCL, ~0.46 ms
+each on 2 x H200 (~20% of the step), while the GPU's tensor cores wait. Here the rows are cut into
+``chunks`` slices: the matmul of slice i + 1 runs on the current stream while NCCL sums slice i on a
+side stream, so only the last slice's sum is exposed. Sums are elementwise, so the result is the
+one of the whole-tensor all-reduce.
+
+``MINIVLLM_TP_OVERLAP_MIN_ROWS`` (0, the default: off) is the fewest rows that take this path and
+``MINIVLLM_TP_OVERLAP_CHUNKS`` (default 4) the slice count. Both ranks decide from the row count
+alone, so they always agree. Never inside a CUDA graph capture (decode steps keep their one-shot
+kernels).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.utils.env import env_int
+
+
+def overlap_min_rows() -> int:
+    """``MINIVLLM_TP_OVERLAP_MIN_ROWS``: the fewest rows whose row-parallel sum overlaps the matmul (0: never)."""
+    return env_int("MINIVLLM_TP_OVERLAP_MIN_ROWS", 0, what="a row count")
+
+
+def overlap_chunks() -> int:
+    """``MINIVLLM_TP_OVERLAP_CHUNKS``: slices of an overlapped row-parallel matmul (default 4)."""
+    return env_int("MINIVLLM_TP_OVERLAP_CHUNKS", 4, minimum=1, what="a slice count")
+
+
+def chunk_bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
+    """``chunks`` contiguous row ranges covering ``rows`` (sizes differ by at most one; none empty)."""
+    chunks = max(1, min(chunks, rows))
+    base, extra = divmod(rows, chunks)
+    bounds, lo = [], 0
+    for i in range(chunks):
+        hi = lo + base + (i < extra)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+class OverlappedRowSum:
+    """One rank's side stream and events for overlapped row-parallel sums; ``sum_fn(t)`` all-reduces ``t``
+    in place on the current stream (NCCL on GPUs, gloo on the CPU)."""
+
+    def __init__(self, sum_fn, device: torch.device):
+        self.sum_fn, self.device = sum_fn, device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               chunks: int) -> torch.Tensor:
+        """``all_reduce(F.linear(x, weight, bias))`` for 2-D ``x`` [M, K], the sums overlapping the matmuls."""
+        y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)  # [M, N]
+        bounds = chunk_bounds(x.shape[0], chunks)
+        if self.stream is None:  # CPU: the same slicing, one after the other
+            for lo, hi in bounds:
+                y[lo:hi] = F.linear(x[lo:hi], weight, bias)
+                self.sum_fn(y[lo:hi])
+            return y
+        main = torch.cuda.current_stream(self.device)
+        for lo, hi in bounds:
+            torch.matmul(x[lo:hi], weight.t(), out=y[lo:hi])  # [hi - lo, N]
+            if bias is not None:
+                y[lo:hi] += bias
+            done = torch.cuda.Event()
+            done.record(main)
+            self.stream.wait_event(done)
+            with torch.cuda.stream(self.stream):
+                self.sum_fn(y[lo:hi])
+        # NOTE: y (allocated on main) is only read by the side stream before this wait, so main's
+        # caching allocator may reuse it afterwards without record_stream
+        main.wait_stream(self.stream)
+        return y
