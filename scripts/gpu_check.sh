@@ -10,6 +10,7 @@
 #   arnorm: bench_all_reduce.py --fused-norm (all-reduce + add + RMSNorm: two kernels vs fused), PDL off and on
 #   attn: decode attention at TP=2 shapes of Qwen3-8B (16/4 heads): unified-kernel tile configurations, split-KV
 #   archeck: bench_all_reduce.py (plain and --fused-norm) with the abort flag read every 1024 and every 16 polls
+#   sessiontests: the TP, PDL and custom all-reduce GPU tests
 #   tpvar: Qwen3-8B at TP=2 once per entry of $TP_VARIANTS, "name:VAR=value,VAR2=value" (name: alone = defaults),
 #          e.g. TP_VARIANTS="base: simple:NCCL_PROTO=Simple"; results in tp_8b_<name>.json
 #   arsweep: bench_all_reduce.py over the kernel shapes in $AR_CONFIGS (PROGRAMSxBLOCKxWARPS), the fused norm at
@@ -128,6 +129,8 @@ for s in $sections; do
              --tp 2 --json-out "$R/tp_8b_pdl.json" 2>&1 | tail -4 ;;
     tppdlnorm) MINIVLLM_PDL=1 MINIVLLM_FUSED_AR_NORM=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 \
                  --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_pdl_fused_norm.json" 2>&1 | tail -4 ;;
+    sessiontests) timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py tests/gpu/test_pdl_gpu.py \
+                    tests/gpu/test_custom_all_reduce_gpu.py > "$R/session_tests.log" 2>&1; tail -4 "$R/session_tests.log" ;;
     tpvar) for v in ${TP_VARIANTS:-base:}; do name=${v%%:*}; vars=${v#*:}; echo "== tp variant $name: ${vars:-defaults}"
              env ${vars//,/ } timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 --model benchmarks/configs/qwen3-8b \
                --tp 2 --json-out "$R/tp_8b_$name.json" 2>&1 | tail -3; save; done ;;

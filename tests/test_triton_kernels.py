@@ -240,8 +240,13 @@ def test_pdl_for_rows(monkeypatch):
     monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: True)
     gpu = SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0))  # stands in for a CUDA tensor
     monkeypatch.delenv("MINIVLLM_PDL_MAX_ROWS", raising=False)
+    with pdl.pdl_for_rows(16):
+        assert pdl.use_pdl(gpu)
+    with pdl.pdl_for_rows(17):
+        assert not pdl.use_pdl(gpu)  # 16 rows by default
+    monkeypatch.setenv("MINIVLLM_PDL_MAX_ROWS", "100000")
     with pdl.pdl_for_rows(100_000):
-        assert pdl.use_pdl(gpu)  # no limit by default
+        assert pdl.use_pdl(gpu)
     monkeypatch.setenv("MINIVLLM_PDL_MAX_ROWS", "16")
     assert pdl.use_pdl(gpu)  # outside any scope
     with pdl.pdl_for_rows(16):

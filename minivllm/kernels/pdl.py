@@ -14,7 +14,8 @@ kernel sees everything written by every kernel before it on the stream (each pre
 waited for its own predecessor before completing), and it cannot overwrite what a predecessor still
 reads. Kernels launched without PDL (cuBLAS, NCCL, torch) keep the ordinary stream order.
 
-On by default on GPUs of compute capability 9.0 and later (``MINIVLLM_PDL=0`` turns it off); CPU
+On by default on GPUs of compute capability 9.0 and later for batches of at most 16 rows
+(``MINIVLLM_PDL_MAX_ROWS``; ``MINIVLLM_PDL=0`` turns it off); CPU
 tensors, the Triton interpreter and older GPUs never use it. Measured on 2 x H200 (2026-11-23,
 ``benchmarks/bench_pdl.py``): 36 layers of Qwen3-8B decode kernels at TP=2 shapes, 2771 -> 2586 us a
 step at one row; the TP=2 engine 3.51 -> 3.43 ms/token.
@@ -38,8 +39,13 @@ _ROWS_ALLOW = contextvars.ContextVar("minivllm_pdl_rows_allow", default=True)
 
 
 def pdl_max_rows() -> int:
-    """``MINIVLLM_PDL_MAX_ROWS``: the largest batch (rows or tokens) whose kernels launch with PDL (default: any)."""
-    return env_int("MINIVLLM_PDL_MAX_ROWS", 1 << 30, what="a row count")
+    """``MINIVLLM_PDL_MAX_ROWS``: the largest batch (rows or tokens) whose kernels launch with PDL (default 16).
+
+    NOTE: 2 x H200, Qwen3-8B TP=2 decode (2026-11-23, ``profile_step.py --decode-rows``): 48 rows took 5.03 ms
+    a step with PDL and 4.86 without (the custom all-reduce's in-engine cost 0.70 vs 0.46 ms), 240 rows 9.51
+    vs 9.56; one row gains with it. The 256-request run: 14,815 tok/s with the limit at 16, 14,585 off.
+    """
+    return env_int("MINIVLLM_PDL_MAX_ROWS", 16, what="a row count")
 
 
 @contextmanager
