@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from minivllm.utils.env import env_switch
+from minivllm.utils.env import env_int, env_switch
 
 # Collective timeout. NOTE: dead workers are detected by the executor's monitor long before
 # this; the timeout only ends waits on a peer that is alive but stuck.
@@ -63,6 +63,12 @@ def fused_all_reduce_norm_enabled() -> bool:
     return env_switch("MINIVLLM_FUSED_AR_NORM", True)
 
 
+def overlap_min_rows() -> int:
+    """``MINIVLLM_TP_OVERLAP_MIN_ROWS``: the fewest rows whose row-parallel sum overlaps the matmul in slices
+    (``layers/overlapped_linear.py``; 0, the default: never)."""
+    return env_int("MINIVLLM_TP_OVERLAP_MIN_ROWS", 0, what="a row count")
+
+
 def _options(cls):
     """Collective options with ``asyncOp=False``, as ``dist.all_reduce(..., async_op=False)`` sets.
 
@@ -87,7 +93,9 @@ class TPGroup:
         url = urlparse(init_method)
         timeout = timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S)
         self.rank, self.size, self.address, self.device = rank, world_size, init_method, device
-        self._row_sum = None  # the side stream of overlapped row-parallel sums, made on first use
+        self._side_stream = None  # the stream of overlapped row-parallel sums, made on first use
+        self.overlap_min_rows = overlap_min_rows()
+        self.num_overlapped_sums = 0  # slices summed through sum_large (tests check the path ran)
         self.is_nccl = device.type == "cuda"
         self.store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0, timeout=timeout)
         store = dist.PrefixStore("minivllm_tp/", self.store)
@@ -127,20 +135,23 @@ class TPGroup:
     def overlaps_row_sum(self, rows: int) -> bool:
         """Whether a row-parallel layer's output of ``rows`` rows is summed inside the layer, overlapping its
         matmul (``layers/overlapped_linear.py``); its consumer then must not sum it again."""
-        from minivllm.layers.overlapped_linear import overlap_min_rows
-
-        min_rows = overlap_min_rows()
+        min_rows = self.overlap_min_rows
         return (0 < min_rows <= rows and not self.skip_sums
                 and not (self.is_nccl and torch.cuda.is_current_stream_capturing()))
 
-    def row_parallel_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``all_reduce(F.linear(x, weight, bias))`` with the sums overlapping the matmuls (NCCL on a side stream)."""
-        from minivllm.layers.overlapped_linear import OverlappedRowSum, overlap_chunks
+    def side_stream(self) -> torch.cuda.Stream | None:
+        """The stream overlapped sums run on (made on first use); None on the CPU."""
+        if self._side_stream is None and self.is_nccl:
+            self._side_stream = torch.cuda.Stream(self.device)
+        return self._side_stream
 
-        if self._row_sum is None:
-            sum_fn = self.comm.all_reduce if self.comm is not None else self.all_reduce
-            self._row_sum = OverlappedRowSum(sum_fn, self.device)
-        return self._row_sum.linear(x, weight, bias, overlap_chunks())
+    def sum_large(self, t: torch.Tensor) -> None:
+        """A float sum of ``t`` in place on the current stream through NCCL (gloo on the CPU), never the
+        custom kernel: for sums issued on :meth:`side_stream`."""
+        self.num_overlapped_sums += 1
+        if self.comm is not None and not self.skip_sums:
+            return self.comm.all_reduce(t)
+        return self.all_reduce(t)
 
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> None:
         """In place, over all ranks (contiguous ``t``; fine inside a CUDA graph capture with NCCL)."""
