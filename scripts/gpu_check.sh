@@ -10,6 +10,7 @@
 #   arnorm: bench_all_reduce.py --fused-norm (all-reduce + add + RMSNorm: two kernels vs fused), PDL off and on
 #   attn: decode attention at TP=2 shapes of Qwen3-8B (16/4 heads): unified-kernel tile configurations, split-KV
 #   archeck: bench_all_reduce.py (plain and --fused-norm) with the abort flag read every 1024 and every 16 polls
+#   repeat: $REPEAT_TEST (a pytest node id or path with -k) $REPEAT_N times (default 10); keeps the logs of failing runs
 #   sessiontests: the TP, PDL and custom all-reduce GPU tests
 #   tpvar: Qwen3-8B at TP=2 once per entry of $TP_VARIANTS, "name:VAR=value,VAR2=value" (name: alone = defaults),
 #          e.g. TP_VARIANTS="base: simple:NCCL_PROTO=Simple"; results in tp_8b_<name>.json
@@ -129,6 +130,11 @@ for s in $sections; do
              --tp 2 --json-out "$R/tp_8b_pdl.json" 2>&1 | tail -4 ;;
     tppdlnorm) MINIVLLM_PDL=1 MINIVLLM_FUSED_AR_NORM=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 \
                  --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_pdl_fused_norm.json" 2>&1 | tail -4 ;;
+    repeat) pass=0; fail=0; for i in $(seq 1 ${REPEAT_N:-10}); do
+              if timeout ${REPEAT_TIMEOUT:-120} python3 -m pytest -q -p no:cacheprovider ${REPEAT_TEST:?set REPEAT_TEST} \
+                   > "$R/repeat_$i.log" 2>&1; then pass=$((pass + 1)); rm -f "$R/repeat_$i.log"
+              else fail=$((fail + 1)); grep -E "^E |FAILED" "$R/repeat_$i.log" | head -20; fi; done
+            echo "repeat: $pass passed, $fail failed of ${REPEAT_N:-10} runs of $REPEAT_TEST (failing logs: $R/repeat_N.log)" ;;
     sessiontests) timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py tests/gpu/test_pdl_gpu.py \
                     tests/gpu/test_custom_all_reduce_gpu.py > "$R/session_tests.log" 2>&1; tail -4 "$R/session_tests.log" ;;
     tpvar) for v in ${TP_VARIANTS:-base:}; do name=${v%%:*}; vars=${v#*:}; echo "== tp variant $name: ${vars:-defaults}"

@@ -44,7 +44,10 @@ def _check_tp_equals_tp1(model: str, tp: int, check, monkeypatch, env: dict[str,
     with LLM(model, tensor_parallel_size=tp, **kw) as many:
         check(many.executor.runner)
         got = [o["token_ids"] for o in many.generate(PROMPTS, params, use_tqdm=False)]
-    assert got == expected
+    diffs = [(i, next((j for j, (a, b) in enumerate(zip(g, e)) if a != b), min(len(g), len(e))), g, e)
+             for i, (g, e) in enumerate(zip(got, expected)) if g != e]
+    # NOTE: which prompts and from which token on (an intermittent mismatch was seen once with PDL + fused norm)
+    assert not diffs, f"TP={tp} != TP=1 for {len(diffs)} prompts (prompt, first differing token, TP={tp}, TP=1): {diffs}"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 CUDA GPUs")
