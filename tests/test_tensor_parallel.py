@@ -234,3 +234,42 @@ def test_workers_end_with_the_engine_process(tiny_tied_model, how):
     assert not any(_alive(p) for p in info["pids"])
     assert not os.path.exists(f"/dev/shm/{info['shm']}")  # kill: the resource tracker unlinks it
     assert how == "kill" or "leaked" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("skip", ["0", "1"])
+def test_debug_skip_tp_sums(skip, monkeypatch):
+    """``MINIVLLM_DEBUG_SKIP_TP_SUMS=1`` (a timing diagnostic): float sums return at once, a MIN still
+    reduces, and no row-parallel sum takes the overlapped path; ``0``: the float sum happens."""
+    import socket
+    import threading
+
+    from minivllm.utils.parallel import TPGroup
+
+    monkeypatch.setenv("MINIVLLM_DEBUG_SKIP_TP_SUMS", skip)
+    monkeypatch.setenv("MINIVLLM_TP_OVERLAP_MIN_ROWS", "4")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results, groups = {}, {}
+
+    def rank_main(rank: int) -> None:
+        g = TPGroup(torch.device("cpu"), f"tcp://127.0.0.1:{port}", 2, rank)
+        groups[rank] = g
+        x = torch.full((4,), float(rank + 1))
+        g.all_reduce(x)
+        m = torch.tensor([rank + 5], dtype=torch.int64)
+        g.all_reduce(m, "min")
+        results[rank] = (x.tolist(), int(m), g.overlaps_row_sum(8))
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for g in groups.values():
+        g.shutdown()
+    assert set(results) == {0, 1}
+    for rank, (x, m, overlaps) in results.items():
+        assert x == ([float(rank + 1)] * 4 if skip == "1" else [3.0] * 4)
+        assert m == 5
+        assert overlaps == (skip == "0")
