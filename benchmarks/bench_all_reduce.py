@@ -35,16 +35,22 @@ from graph_timing import time_in_graph  # noqa: E402
 SIZES_KB = [8, 32, 128, 512, 1024, 2048, 4096, 8192]
 
 
-def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
+def _connect(rank: int, world: int, port: int):
+    """This rank's GPU, the group's TCP store and a pynccl communicator over it."""
     import torch.distributed as dist
 
-    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
     from minivllm.utils.pynccl import NcclCommunicator
 
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=120))
-    comm = NcclCommunicator(store, rank, world, dev)
+    return dev, store, NcclCommunicator(store, rank, world, dev)
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
+    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
+
+    dev, store, comm = _connect(rank, world, port)
     cars = []
     for i, cfg in enumerate(args.configs):
         programs, block, warps = (int(v) for v in cfg.split("x"))
@@ -85,14 +91,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[d
 
 def nccl_worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
     """NCCL alone at prefill sizes (past the custom kernel's buffers): us per call and the bus bandwidth."""
-    import torch.distributed as dist
-
-    from minivllm.utils.pynccl import NcclCommunicator
-
-    dev = torch.device("cuda", rank)
-    torch.cuda.set_device(dev)
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=120))
-    comm = NcclCommunicator(store, rank, world, dev)
+    dev, _, comm = _connect(rank, world, port)
     rows = []
     for mb in args.nccl_mb:
         n = mb * (1 << 20) // 2
@@ -119,17 +118,11 @@ def main_nccl(args: argparse.Namespace) -> None:
 
 
 def fused_norm_worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
-    import torch.distributed as dist
-
     from minivllm.kernels.fused_norm import fused_add_rms_norm
     from minivllm.kernels.one_shot_all_reduce import norm_tile_rows, one_shot_all_reduce_add_rms_norm
     from minivllm.utils.custom_all_reduce import create_custom_all_reduce
-    from minivllm.utils.pynccl import NcclCommunicator
 
-    dev = torch.device("cuda", rank)
-    torch.cuda.set_device(dev)
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timedelta(seconds=120))
-    comm = NcclCommunicator(store, rank, world, dev)
+    dev, store, comm = _connect(rank, world, port)
     car = create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"))
     if car is None:
         raise RuntimeError("custom all-reduce setup failed (see the warning above)")

@@ -273,3 +273,21 @@ def test_debug_skip_tp_sums(skip, monkeypatch):
         assert x == ([float(rank + 1)] * 4 if skip == "1" else [3.0] * 4)
         assert m == 5
         assert overlaps == (skip == "0")
+
+
+def test_overlap_switches_reject_bad_values(monkeypatch):
+    """The overlapped row sums' settings: defaults (off, 4 slices), and a clear error for a bad value."""
+    from minivllm.layers.overlapped_linear import overlap_chunks
+    from minivllm.utils.parallel import overlap_min_rows
+
+    monkeypatch.delenv("MINIVLLM_TP_OVERLAP_MIN_ROWS", raising=False)
+    monkeypatch.delenv("MINIVLLM_TP_OVERLAP_CHUNKS", raising=False)
+    assert (overlap_min_rows(), overlap_chunks()) == (0, 4)
+    for bad in ("-1", "many"):
+        monkeypatch.setenv("MINIVLLM_TP_OVERLAP_MIN_ROWS", bad)
+        with pytest.raises(ValueError, match="MINIVLLM_TP_OVERLAP_MIN_ROWS must be a row count"):
+            overlap_min_rows()
+    for bad in ("0", "x"):
+        monkeypatch.setenv("MINIVLLM_TP_OVERLAP_CHUNKS", bad)
+        with pytest.raises(ValueError, match="MINIVLLM_TP_OVERLAP_CHUNKS must be a slice count"):
+            overlap_chunks()

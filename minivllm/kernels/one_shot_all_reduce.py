@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.pdl import pdl_options, pdl_wait
-from minivllm.utils.env import env_int, env_switch
+from minivllm.utils.env import env_int
 
 try:
     from triton.language.extra.cuda import globaltimer
@@ -203,11 +203,6 @@ def _one_shot_all_reduce_add_rms_norm_kernel(
     tl.store(counters + pid, epoch)
 
 
-def _pdl(x: torch.Tensor) -> dict:
-    """PDL launch options for the all-reduce kernels (``MINIVLLM_PDL_ALL_REDUCE=0``: plain launches for them)."""
-    return pdl_options(x) if env_switch("MINIVLLM_PDL_ALL_REDUCE", True) else {"USE_PDL": False}
-
-
 def _timed_abort(x: torch.Tensor) -> bool:
     return x.is_cuda and globaltimer is not None and os.environ.get("TRITON_INTERPRET") != "1"
 
@@ -224,7 +219,7 @@ def one_shot_all_reduce(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, 
     _one_shot_all_reduce_kernel[(counters.numel(),)](
         x, out, x.numel(), cap, ptrs, counters, waits if ring else counters, RANK=rank, WORLD=world, BLOCK=block,
         CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring, TIMED_ABORT=_timed_abort(x), num_warps=num_warps,
-        **_pdl(x))
+        **pdl_options(x))
 
 
 def norm_tile_rows(m: int, d: int, programs: int, max_tile: int = 8192) -> int:
@@ -250,4 +245,4 @@ def one_shot_all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, we
         x, residual, weight, m, d, eps, cap, ptrs, counters, waits if ring else counters,
         RANK=rank, WORLD=world, BLOCK_D=block_d, ROWS=rows, CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring,
         TIMED_ABORT=_timed_abort(x),
-        num_warps=max(1, min(16, block_d // 256)), **_pdl(x))
+        num_warps=max(1, min(16, block_d // 256)), **pdl_options(x))
