@@ -1,10 +1,11 @@
 """The Triton GEMV against cuBLAS (``F.linear``) at the decode shapes of Qwen3-8B and -32B, bf16.
 
-    PYTHONPATH=. python benchmarks/bench_gemv.py [--rows 1] [--configs 32x256x4x4 32x256x4x4x2 ...]
+    PYTHONPATH=. python benchmarks/bench_gemv.py [--rows 1 48] [--configs 32x256x4x4 64x128x4x4s ...]
 
 Each shape is timed as a CUDA graph of 20 calls cycling over enough weight copies (> 200 MB)
 that L2 cannot hold them; TB/s counts the weight bytes read. Configurations are
-``BLOCK_NxBLOCK_KxSTAGESxWARPS`` (default: the kernel's default config). NOTE: the kernel only
+``BLOCK_NxBLOCK_KxSTAGESxWARPS``, ``s`` appended for ``SWAP_AB`` (default: the kernel's own choice);
+the table shows the fastest per shape, ``--all-out`` keeps every time. NOTE: the kernel only
 runs in the engine for weights of at least ``MIN_WEIGHT_NUMEL`` elements; smaller shapes here are
 measured to see where that bound should sit.
 """
@@ -22,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from graph_timing import time_in_graph  # noqa: E402
 
-from minivllm.kernels.gemv import gemv, gemv_config  # noqa: E402
+from minivllm.kernels.gemv import gemv, parse_config  # noqa: E402
 
 
 def shapes(hidden: int, heads: int, kv_heads: int, inter: int, tp: int, head_dim: int = 128) -> list[tuple]:
@@ -50,32 +51,54 @@ def cycling(f, x: torch.Tensor, ws: list[torch.Tensor], config=None):
     return call
 
 
+def cell(us: float, gb: float) -> str:
+    """A time and the weight-read bandwidth it means (GB / us = 1e3 TB/s)."""
+    return f"{us:>8.2f} ({gb / us * 1e3:>4.2f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[1])
-    ap.add_argument("--configs", nargs="+", default=None)
+    ap.add_argument("--configs", nargs="+", default=None, help="BLOCK_NxBLOCK_KxSTAGESxWARPS[s] (s: SWAP_AB)")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--tps", type=int, nargs="+", default=[2, 1, 4])
+    ap.add_argument("--all-out", default=None, help="also write every config's time per shape to this file")
     args = ap.parse_args()
-    configs = [tuple(int(v) for v in c.split("x")) for c in args.configs] if args.configs else [gemv_config(1, 1)]
-    names = ["x".join(map(str, c)) for c in configs]
-    print(f"GEMV vs cuBLAS on {torch.cuda.get_device_name(0)}, bf16, microseconds (TB/s of weight reads)")
-    print(f"{'shape':<14}{'M':>3}{'cuBLAS':>16}" + "".join(f"{n:>18}" for n in names) + f"{'max rel err':>13}")
+    names = args.configs or [None]  # None: the kernel's own choice for the shape and rows
+    print(f"GEMV vs cuBLAS on {torch.cuda.get_device_name(0)}, bf16, microseconds (TB/s of weight reads); "
+          f"configs tried: {' '.join(n or 'default' for n in names)}")
+    print(f"{'shape':<16}{'M':>4}{'cuBLAS':>16}{'best config':>14}{'best':>16}{'speedup':>9}{'max rel err':>13}")
+    rows_out = []
     for m in args.rows:
         for name, n, k in SHAPES:
-            if name.split()[1] not in args.models:
+            model, tp = name.split()[1], int(name.split()[2][2:])
+            if model not in args.models or tp not in args.tps:
                 continue
             copies = max(2, -(-200 * 2**20 // (n * k * 2)))
             ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x.float(), ws[0].float())
-            err = max((gemv(x, ws[0], config=c).float() - ref).norm().item() / ref.norm().item() for c in configs)
             gb = n * k * 2 / 1e9
-            times = [time_in_graph(cycling(F.linear, x, ws))] + [time_in_graph(cycling(gemv, x, ws, c))
-                                                                  for c in configs]
-            cells = [f"{t:>9.2f} ({gb / t * 1e3:>4.2f})" for t in times]  # GB / us = 1e3 TB/s
-            print(f"{name:<14}{m:>3}" + "".join(f"{c:>16}" if i == 0 else f"{c:>18}" for i, c in enumerate(cells))
-                  + f"{err:>13.2e}")
+            t_cublas = time_in_graph(cycling(F.linear, x, ws))
+            times, err = {}, 0.0
+            for cfg in names:
+                config = parse_config(cfg) if cfg else None
+                try:
+                    out = gemv(x, ws[0], config=config)
+                    err = max(err, (out.float() - ref).norm().item() / ref.norm().item())
+                    times[cfg or "default"] = time_in_graph(cycling(gemv, x, ws, config))
+                except Exception as e:  # noqa: BLE001 - a config that does not fit (shared memory) is skipped
+                    times[cfg or "default"] = float("nan")
+                    print(f"  {cfg}: {type(e).__name__}: {str(e)[:80]}")
+            best = min((t, c) for c, t in times.items() if t == t) if any(t == t for t in times.values()) else None
+            print(f"{name:<16}{m:>4}{cell(t_cublas, gb):>16}{best[1] if best else '-':>14}"
+                  f"{cell(best[0], gb) if best else '-':>16}{t_cublas / best[0] if best else 0:>8.2f}x{err:>13.2e}",
+                  flush=True)
+            rows_out.append(f"{name}\t{m}\tcublas={t_cublas:.2f}\t" + "\t".join(f"{c}={t:.2f}" for c, t in times.items()))
             del ws
+    if args.all_out:
+        with open(args.all_out, "w") as f:
+            f.write("\n".join(rows_out) + "\n")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@
 #   tpwaits: Qwen3-8B at TP=2 with MINIVLLM_CUSTOM_AR_WAITS (each rank prints how long its all-reduces waited)
 #   tp4: on 4 GPUs, the custom all-reduce's and the TP GPU tests (TP=4 included), then all-reduce latency at 4 ranks
 #   car: the custom all-reduce's GPU test, then its latency against NCCL (bench_all_reduce.py, $AR_CONFIGS)
-#   gemv: the Triton GEMV's GPU tests, then its speed against cuBLAS (bench_gemv.py, $GEMV_CONFIGS)
+#   gemv: the Triton GEMV's GPU tests, then its speed against cuBLAS (bench_gemv.py: $GEMV_ROWS, $GEMV_CONFIGS,
+#         $GEMV_MODELS, $GEMV_TPS; every config's time in gemv_all.txt)
 #   tpab: Qwen3-8B at TP=2 with the custom all-reduce off (NCCL only), to compare with tp
 #   tpgemv: Qwen3-8B at TP=2 with the Triton GEMV off (cuBLAS only), to compare with tp
 #   tpsimple: Qwen3-8B at TP=2 with NCCL_PROTO=Simple (the prefill all-reduces ran NCCL's LL protocol)
@@ -82,7 +83,9 @@ for s in $sections; do
     car) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_custom_all_reduce_gpu.py > "$R/car.log" 2>&1; tail -5 "$R/car.log"
          timeout 150 python3 benchmarks/bench_all_reduce.py --world 2 ${AR_CONFIGS:+--configs $AR_CONFIGS} --json-out "$R/all_reduce.json" 2>&1 | tail -12 ;;
     gemv) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemv_gpu.py > "$R/gemv.log" 2>&1; tail -3 "$R/gemv.log"
-          timeout 200 python3 benchmarks/bench_gemv.py ${GEMV_CONFIGS:+--configs $GEMV_CONFIGS} > "$R/gemv_bench.txt" 2>&1; tail -32 "$R/gemv_bench.txt" ;;
+          timeout ${GEMV_TIMEOUT:-200} python3 benchmarks/bench_gemv.py --rows ${GEMV_ROWS:-1} --models ${GEMV_MODELS:-8b 32b 0.6b} \
+            ${GEMV_TPS:+--tps $GEMV_TPS} ${GEMV_CONFIGS:+--configs $GEMV_CONFIGS} --all-out "$R/gemv_all.txt" > "$R/gemv_bench.txt" 2>&1
+          grep -v "^  " "$R/gemv_bench.txt" | tail -${GEMV_TAIL:-40} ;;
     tpsimple) NCCL_PROTO=Simple timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_nccl_simple.json" 2>&1 | tail -4 ;;
     tpgpu) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_custom_all_reduce_gpu.py tests/gpu/test_gemv_gpu.py \
              tests/gpu/test_pynccl_gpu.py tests/gpu/test_tp_gpu.py tests/gpu/test_engine_gpu.py > "$R/tp_gpu_tests.log" 2>&1; tail -6 "$R/tp_gpu_tests.log" ;;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.kernels.gemv import MAX_ROWS, gemv
+from minivllm.kernels.gemv import MAX_BLOCK_M, block_m, gemv, max_rows, parse_config
 
 pytestmark = pytest.mark.triton
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -13,14 +13,15 @@ ULP = {torch.float32: 2.0**-20, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (3, 100, 300), (16, 40, 96), (2, 33, 1000)])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (3, 100, 300), (16, 40, 96), (2, 33, 1000), (37, 50, 200)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemv_matches_float32_reference(dtype, m, n, k, bias):
+@pytest.mark.parametrize("swap", [False, True])
+def test_gemv_matches_float32_reference(dtype, m, n, k, bias, swap):
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
     w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
     b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
-    out = gemv(x, w, b, config=(16, 64, 2, 4))  # small tiles: several programs and K steps
+    out = gemv(x, w, b, config=(16, 64, 2, 4, swap))  # small tiles: several programs and K steps
     ref = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())  # [m, n]
     assert out.shape == (m, n) and out.dtype == dtype
     # float32 accumulation, one rounding to the output dtype (float32: TF32-free on the CPU only)
@@ -35,11 +36,37 @@ def test_gemv_strided_rows_and_default_config():
     torch.testing.assert_close(out.cpu(), x @ w.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("swap", [False, True])
+def test_gemv_several_row_blocks(swap):
+    """More rows than MAX_BLOCK_M: row blocks each cover their own rows, none twice, none missed."""
+    g = torch.Generator().manual_seed(5)
+    m = MAX_BLOCK_M + 3
+    x = torch.randn(m, 64, generator=g)
+    w = torch.randn(24, 64, generator=g) / 8
+    out = gemv(x.to(DEVICE), w.to(DEVICE), config=(16, 32, 2, 4, swap))
+    assert block_m(m) == MAX_BLOCK_M and block_m(17) == 32 and block_m(1) == 16
+    torch.testing.assert_close(out.cpu(), x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_gemv_zero_rows():
+    assert gemv(torch.randn(0, 32, device=DEVICE), torch.randn(8, 32, device=DEVICE)).shape == (0, 8)
+
+
+def test_gemv_configs_and_max_rows_setting(monkeypatch):
+    assert parse_config("64x128x4x8s") == (64, 128, 4, 8, True)
+    assert parse_config("32x256x4x4") == (32, 256, 4, 4, False)
+    with pytest.raises(ValueError, match="BLOCK_NxBLOCK_KxSTAGESxWARPS"):
+        parse_config("64x128x4")
+    monkeypatch.setenv("MINIVLLM_GEMV_MAX_ROWS", "64")
+    assert max_rows() == 64
+    monkeypatch.setenv("MINIVLLM_GEMV_MAX_ROWS", "many")
+    with pytest.raises(ValueError, match="MINIVLLM_GEMV_MAX_ROWS must be a row count"):
+        max_rows()
+
+
 def test_gemv_rejects_bad_shapes():
     w = torch.randn(8, 32)
     with pytest.raises(ValueError, match="x \\[M, K\\] and w \\[N, K\\]"):
         gemv(torch.randn(2, 16), w)
-    with pytest.raises(ValueError, match=f"at most {MAX_ROWS} rows"):
-        gemv(torch.randn(MAX_ROWS + 1, 32), w)
     with pytest.raises(ValueError, match="contiguous columns"):
         gemv(torch.randn(32, 2).t(), w)

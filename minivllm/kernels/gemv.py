@@ -1,11 +1,15 @@
-"""``x @ w.T (+ bias)`` for a few rows of ``x`` (decoding one to a few sequences), in Triton.
+"""``x @ w.T (+ bias)`` for a few rows of ``x`` (decoding up to a few hundred sequences), in Triton.
 
-At M = 1 a linear layer is a stream over its weight matrix, and its speed is the fraction of
-HBM bandwidth it reaches. cuBLAS's small-M kernels reach 50-75% on the 17-100 MB matrices of a
-tensor-parallel 8B decode step (profile of 2026-11-22, H200) and some add a split-K reduce
-kernel. This kernel gives each program ``BLOCK_N`` output columns, streams their weight rows
-through a ``NUM_STAGES``-deep pipeline of ``[BLOCK_N, BLOCK_K]`` tiles into ``tl.dot`` (the rows
-of ``x`` padded to 16) and writes the result directly: one kernel per linear layer.
+Below ~200 rows a linear layer on an H100/H200 is a stream over its weight matrix (each weight
+element meets fewer rows than the GPU's FLOP-to-byte ratio), and its speed is the fraction of HBM
+bandwidth it reaches. cuBLAS's small-M kernels reach 50-75% on the 17-100 MB matrices of a
+tensor-parallel 8B decode step (profiles of 2026-11-22/23, H200) and some add a split-K reduce
+kernel. This kernel gives each program ``BLOCK_N`` output columns and all the rows (up to
+``BLOCK_M``, the rows rounded up to a power of two), streams their weight rows through a
+``NUM_STAGES``-deep pipeline of ``[BLOCK_N, BLOCK_K]`` tiles into ``tl.dot`` and writes the result
+directly: one kernel per linear layer. ``SWAP_AB`` computes the transposed product
+``w @ x.T`` instead, so the weight tile is the MMA's 64-row operand (Hopper's wgmma) and the few
+rows of ``x`` its narrow one.
 """
 
 from __future__ import annotations
@@ -17,13 +21,22 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.pdl import pdl_options, pdl_wait
+from minivllm.utils.env import env_int
 
-MAX_ROWS = 16  # the dot's M tile; more rows go to cuBLAS
+MAX_BLOCK_M = 128  # more rows than this take several row blocks (each re-reads the weights, from L2)
 # NOTE: measured faster than cuBLAS (2 x H200, 2026-11-22) from 8M-element weights up (the 8B layers,
 # TP=1 and 2); smaller ones (Qwen3-0.6B's) stay on cuBLAS, unmeasured here
 MIN_WEIGHT_NUMEL = 1 << 23
 ENABLED = os.environ.get("MINIVLLM_GEMV", "1") != "0"  # NOTE: read once, at import
 DTYPES = (torch.bfloat16, torch.float16)
+
+
+def max_rows() -> int:
+    """``MINIVLLM_GEMV_MAX_ROWS``: the most rows a linear layer sends to this kernel (default 16)."""
+    return env_int("MINIVLLM_GEMV_MAX_ROWS", 16, what="a row count")
+
+
+MAX_ROWS = max_rows()  # NOTE: read once, at import (a decode graph's kernels are fixed at capture)
 
 
 @triton.jit
@@ -44,16 +57,23 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    SWAP_AB: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
-    pid = tl.program_id(0)
-    rm = tl.arange(0, BLOCK_M)  # [BLOCK_M]
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    # NOTE: the row blocks of one column block are neighbours in launch order, so a weight tile
+    # read by the first is still in L2 for the others
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    x_rows = x_ptr + rm[:, None] * stride_xm
+    x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         kk = k + rk
         x = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)  # [BM, BK]
@@ -61,15 +81,31 @@ def _gemv_kernel(
         if DOT_F32:  # NOTE: the interpreter's bf16/fp16 dot is wrong; float32 tiles there
             x = x.to(tl.float32)
             w = w.to(tl.float32)
-        acc += tl.dot(x, tl.trans(w))
+        if SWAP_AB:
+            acc += tl.dot(w, tl.trans(x))  # [BN, BM]
+        else:
+            acc += tl.dot(x, tl.trans(w))  # [BM, BN]
+    if SWAP_AB:
+        acc = tl.trans(acc)  # [BM, BN]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + rm[:, None] * stride_om + rn[None, :]
+    out = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def gemv_config(n: int, k: int) -> tuple[int, int, int, int]:
-    """``(BLOCK_N, BLOCK_K, NUM_STAGES, num_warps)`` for a ``[n, k]`` weight; ``MINIVLLM_GEMV_CFG`` overrides.
+def parse_config(text: str) -> tuple[int, int, int, int, bool]:
+    """``"BNxBKxSTAGESxWARPS"``, with an ``s`` suffix for ``SWAP_AB``: e.g. ``"64x128x4x4s"``."""
+    swap = text.endswith("s")
+    try:
+        bn, bk, st, w = (int(v) for v in text.rstrip("s").split("x"))
+    except ValueError:
+        raise ValueError(f"a GEMV config is BLOCK_NxBLOCK_KxSTAGESxWARPS[s], got {text!r}") from None
+    return bn, bk, st, w, swap
+
+
+def gemv_config(n: int, k: int, m: int = 1) -> tuple[int, int, int, int, bool]:
+    """``(BLOCK_N, BLOCK_K, NUM_STAGES, num_warps, SWAP_AB)`` for ``m`` rows and a ``[n, k]`` weight;
+    ``MINIVLLM_GEMV_CFG`` overrides.
 
     NOTE: 32 columns a program keeps ~100-400 programs in flight for the 2k-12k output columns of
     an 8B layer split over 2 ranks; 4 stages of 256-wide tiles keep ~64 KB of loads in flight
@@ -77,9 +113,13 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int, int]:
     """
     env = os.environ.get("MINIVLLM_GEMV_CFG")
     if env:
-        bn, bk, st, w = (int(v) for v in env.split("x"))
-        return bn, bk, st, w
-    return 32, 256, 4, 4
+        return parse_config(env)
+    return 32, 256, 4, 4, False
+
+
+def block_m(m: int) -> int:
+    """The row tile for ``m`` rows: ``m`` rounded up to a power of two, at least 16, at most ``MAX_BLOCK_M``."""
+    return min(MAX_BLOCK_M, max(16, triton.next_power_of_2(m)))
 
 
 def use_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -90,21 +130,23 @@ def use_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-         config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """``x @ w.T + bias`` for ``x`` [M <= 16, K], ``w`` [N, K] (rows contiguous): [M, N] in ``x``'s dtype."""
+         config: tuple | None = None) -> torch.Tensor:
+    """``x @ w.T + bias`` for ``x`` [M, K], ``w`` [N, K] (rows contiguous): [M, N] in ``x``'s dtype."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"gemv needs x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
-    if x.shape[0] > MAX_ROWS:
-        raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {x.shape[0]}")
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("gemv needs rows with contiguous columns (stride 1 along K)")
     m, k = x.shape
     n = w.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn, bk, stages, warps = config or gemv_config(n, k)
+    if m == 0:
+        return out
+    bn, bk, stages, warps, *rest = config or gemv_config(n, k, m)
+    bm = block_m(m)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    _gemv_kernel[(triton.cdiv(n, bn),)](
+    _gemv_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         x, w, bias if bias is not None else out, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, DOT_F32=interpret and x.dtype != torch.float32, BLOCK_M=MAX_ROWS,
-        BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, num_warps=warps, **pdl_options(x))
+        HAS_BIAS=bias is not None, DOT_F32=interpret and x.dtype != torch.float32, BLOCK_M=bm,
+        BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, SWAP_AB=bool(rest and rest[0]), num_warps=warps,
+        **pdl_options(x))
     return out

@@ -20,7 +20,7 @@ _HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear``, or the Triton GEMV for the few-row inputs of decoding on GPUs (``kernels/gemv.py``)."""
-    if _HAS_TRITON and x.is_cuda and x.dim() == 2 and x.shape[0] <= 16:
+    if _HAS_TRITON and x.is_cuda:
         from minivllm.kernels.gemv import gemv, use_gemv  # NOTE: here: triton is an optional dependency
 
         if use_gemv(x, weight):

@@ -4,23 +4,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minivllm.kernels.gemv import MIN_WEIGHT_NUMEL, gemv, use_gemv
+from minivllm.kernels.gemv import MAX_ROWS, MIN_WEIGHT_NUMEL, gemv, use_gemv
 from tests.kernel_checks import rel_err
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 2, 7, 16])
+@pytest.mark.parametrize("m", [1, 2, 7, 16, 48, 130])
 @pytest.mark.parametrize("n,k", [(3072, 4096), (4096, 2048), (12288, 4096), (4096, 6144), (1000, 1000)])
-def test_gemv_as_accurate_as_cublas(dtype, m, n, k):
+@pytest.mark.parametrize("config", [None, (64, 128, 4, 4, True)])
+def test_gemv_as_accurate_as_cublas(dtype, m, n, k, config):
     g = torch.Generator(device="cuda").manual_seed(n + k + m)
     x = torch.randn(m, k, device="cuda", generator=g).to(dtype)
     w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(dtype)
     b = torch.randn(n, device="cuda", generator=g).to(dtype)
     ref = F.linear(x.float(), w.float(), b.float())
-    out = gemv(x, w, b)
-    assert use_gemv(x, w) == (n * k >= MIN_WEIGHT_NUMEL) and out.shape == (m, n) and out.dtype == dtype
+    out = gemv(x, w, b, config=config)
+    assert use_gemv(x, w) == (n * k >= MIN_WEIGHT_NUMEL and m <= MAX_ROWS)
+    assert out.shape == (m, n) and out.dtype == dtype
     err, cublas_err = rel_err(out, ref), rel_err(F.linear(x, w, b), ref)
     assert err <= 1.5 * cublas_err + 1e-4, f"gemv {err:.2e} vs cuBLAS {cublas_err:.2e}"
 
