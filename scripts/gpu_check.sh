@@ -26,6 +26,8 @@
 #   gemv: the Triton GEMV's GPU tests, then its speed against cuBLAS (bench_gemv.py: $GEMV_ROWS, $GEMV_CONFIGS,
 #         $GEMV_MODELS, $GEMV_TPS; every config's time in gemv_all.txt)
 #   tpab: Qwen3-8B at TP=2 with the custom all-reduce off (NCCL only), to compare with tp
+#   prefetch: bench_prefetch.py ($PREFETCH_ARGS): GEMMs after a window of latency-bound work, with and without an
+#             L2 prefetch of their weight on a side stream
 #   tpgemv: Qwen3-8B at TP=2 with the Triton GEMV off (cuBLAS only), to compare with tp
 #   tpsimple: Qwen3-8B at TP=2 with NCCL_PROTO=Simple (the prefill all-reduces ran NCCL's LL protocol)
 #   tpgpu: the GPU tests of this session's TP work (custom all-reduce, GEMV, pynccl, TP, engine)
@@ -89,6 +91,8 @@ for s in $sections; do
     tpsimple) NCCL_PROTO=Simple timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_nccl_simple.json" 2>&1 | tail -4 ;;
     tpgpu) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_custom_all_reduce_gpu.py tests/gpu/test_gemv_gpu.py \
              tests/gpu/test_pynccl_gpu.py tests/gpu/test_tp_gpu.py tests/gpu/test_engine_gpu.py > "$R/tp_gpu_tests.log" 2>&1; tail -6 "$R/tp_gpu_tests.log" ;;
+    prefetch) timeout ${PREFETCH_TIMEOUT:-300} python3 benchmarks/bench_prefetch.py ${PREFETCH_ARGS:-} > "$R/prefetch.txt" 2>&1
+              tail -${PREFETCH_TAIL:-60} "$R/prefetch.txt" ;;
     tpgemv) MINIVLLM_GEMV=0 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_cublas.json" 2>&1 | tail -4 ;;
     tpab) MINIVLLM_CUSTOM_AR=0 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_nccl_only.json" 2>&1 | tail -4 ;;
     tpfp8) timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --kv-cache-dtype fp8 --json-out "$R/tp_8b_fp8kv.json" 2>&1 | tail -4 ;;

@@ -109,12 +109,14 @@ def gemv_config(n: int, k: int, m: int = 1) -> tuple[int, int, int, int, bool]:
 
     NOTE: 32 columns a program keeps ~100-400 programs in flight for the 2k-12k output columns of
     an 8B layer split over 2 ranks; 4 stages of 256-wide tiles keep ~64 KB of loads in flight
-    per program.
+    per program. Row tiles over 64 take 128-wide K tiles: 4 stages of [128 + 32, 256] bf16 tiles
+    would not fit in shared memory. Fastest of 16 configs at 16-64 rows on an H200 (2026-11-23,
+    ``bench_gemv.py --rows 16 32 48 64 96 128 192 256``) for most Qwen3-8B shapes at TP=1 and 2.
     """
     env = os.environ.get("MINIVLLM_GEMV_CFG")
     if env:
         return parse_config(env)
-    return 32, 256, 4, 4, False
+    return (32, 256, 4, 4, False) if block_m(m) <= 64 else (32, 128, 4, 4, False)
 
 
 def block_m(m: int) -> int:
