@@ -86,7 +86,7 @@ for s in $sections; do
          timeout 150 python3 benchmarks/bench_all_reduce.py --world 2 ${AR_CONFIGS:+--configs $AR_CONFIGS} --json-out "$R/all_reduce.json" 2>&1 | tail -12 ;;
     gemv) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gemv_gpu.py > "$R/gemv.log" 2>&1; tail -3 "$R/gemv.log"
           timeout ${GEMV_TIMEOUT:-200} python3 benchmarks/bench_gemv.py --rows ${GEMV_ROWS:-1} --models ${GEMV_MODELS:-8b 32b 0.6b} \
-            ${GEMV_TPS:+--tps $GEMV_TPS} ${GEMV_CONFIGS:+--configs $GEMV_CONFIGS} --all-out "$R/gemv_all.txt" > "$R/gemv_bench.txt" 2>&1
+            ${GEMV_TPS:+--tps $GEMV_TPS} ${GEMV_CONFIGS:+--configs $GEMV_CONFIGS} ${GEMV_LT:+--cublaslt} --all-out "$R/gemv_all.txt" > "$R/gemv_bench.txt" 2>&1
           grep -v "^  " "$R/gemv_bench.txt" | tail -${GEMV_TAIL:-40} ;;
     tpsimple) NCCL_PROTO=Simple timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_nccl_simple.json" 2>&1 | tail -4 ;;
     tpgpu) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_custom_all_reduce_gpu.py tests/gpu/test_gemv_gpu.py \

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.kernels.gemv import MAX_BLOCK_M, block_m, gemv, max_rows, parse_config
+from minivllm.kernels.gemv import MAX_BLOCK_M, VARIANTS, block_m, gemv, max_rows, parse_config
 
 pytestmark = pytest.mark.triton
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -15,13 +15,13 @@ ULP = {torch.float32: 2.0**-20, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("m,n,k", [(1, 64, 256), (3, 100, 300), (16, 40, 96), (2, 33, 1000), (37, 50, 200)])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("swap", [False, True])
-def test_gemv_matches_float32_reference(dtype, m, n, k, bias, swap):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gemv_matches_float32_reference(dtype, m, n, k, bias, variant):
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
     w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
     b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
-    out = gemv(x, w, b, config=(16, 64, 2, 4, swap))  # small tiles: several programs and K steps
+    out = gemv(x, w, b, config=(16, 64, 2, 4, variant))  # small tiles: several programs and K steps
     ref = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())  # [m, n]
     assert out.shape == (m, n) and out.dtype == dtype
     # float32 accumulation, one rounding to the output dtype (float32: TF32-free on the CPU only)
@@ -36,14 +36,14 @@ def test_gemv_strided_rows_and_default_config():
     torch.testing.assert_close(out.cpu(), x @ w.T, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("swap", [False, True])
-def test_gemv_several_row_blocks(swap):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gemv_several_row_blocks(variant):
     """More rows than MAX_BLOCK_M: row blocks each cover their own rows, none twice, none missed."""
     g = torch.Generator().manual_seed(5)
     m = MAX_BLOCK_M + 3
     x = torch.randn(m, 64, generator=g)
     w = torch.randn(24, 64, generator=g) / 8
-    out = gemv(x.to(DEVICE), w.to(DEVICE), config=(16, 32, 2, 4, swap))
+    out = gemv(x.to(DEVICE), w.to(DEVICE), config=(16, 32, 2, 4, variant))
     assert block_m(m) == MAX_BLOCK_M and block_m(17) == 32 and block_m(1) == 16
     torch.testing.assert_close(out.cpu(), x @ w.T, rtol=1e-4, atol=1e-4)
 
@@ -53,10 +53,13 @@ def test_gemv_zero_rows():
 
 
 def test_gemv_configs_and_max_rows_setting(monkeypatch):
-    assert parse_config("64x128x4x8s") == (64, 128, 4, 8, True)
-    assert parse_config("32x256x4x4") == (32, 256, 4, 4, False)
+    assert parse_config("64x128x4x8s") == (64, 128, 4, 8, "s")
+    assert parse_config("32x256x4x4") == (32, 256, 4, 4, "")
+    assert parse_config("32x256x4x4ts") == (32, 256, 4, 4, "ts")
     with pytest.raises(ValueError, match="BLOCK_NxBLOCK_KxSTAGESxWARPS"):
         parse_config("64x128x4")
+    with pytest.raises(ValueError, match="variant is one of"):
+        parse_config("64x128x4x4st")
     monkeypatch.setenv("MINIVLLM_GEMV_MAX_ROWS", "64")
     assert max_rows() == 64
     monkeypatch.setenv("MINIVLLM_GEMV_MAX_ROWS", "many")

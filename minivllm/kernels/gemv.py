@@ -93,18 +93,107 @@ def _gemv_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def parse_config(text: str) -> tuple[int, int, int, int, bool]:
-    """``"BNxBKxSTAGESxWARPS"``, with an ``s`` suffix for ``SWAP_AB``: e.g. ``"64x128x4x4s"``."""
-    swap = text.endswith("s")
+@triton.jit
+def _gemv_fma_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # [N, K]
+    bias_ptr,  # [N] or a dummy
+    out_ptr,  # [M, N]
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """One row of ``x`` a program row (grid axis 0), float32 FMAs instead of an MMA: for one row only."""
+    pdl_wait(USE_PDL)
+    row = tl.program_id(0)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        kk = k + rk
+        x = tl.load(x_ptr + row * stride_xm + kk, mask=kk < K, other=0.0).to(tl.float32)  # [BK]
+        w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)  # [BN, BK]
+        acc += w.to(tl.float32) * x[None, :]
+    out = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_om + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
+
+
+@triton.jit
+def _gemv_tma_kernel(
+    x_desc,  # [M, K] blocks [BLOCK_M, BLOCK_K]
+    w_desc,  # [N, K] blocks [BLOCK_N, BLOCK_K]
+    bias_ptr,  # [N] or a dummy
+    out_ptr,  # [M, N]
+    M,
+    N,
+    K,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """``_gemv_kernel`` with its tiles loaded by the TMA (tensor descriptors; out-of-range elements read 0)."""
+    pdl_wait(USE_PDL)
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        x = x_desc.load([pid_m * BLOCK_M, k])  # [BM, BK]
+        w = w_desc.load([pid_n * BLOCK_N, k])  # [BN, BK]
+        if DOT_F32:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        if SWAP_AB:
+            acc += tl.dot(w, tl.trans(x))  # [BN, BM]
+        else:
+            acc += tl.dot(x, tl.trans(w))  # [BM, BN]
+    if SWAP_AB:
+        acc = tl.trans(acc)  # [BM, BN]
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+VARIANTS = ("", "s", "f", "t", "ts")  # MMA; MMA with SWAP_AB; FMA (one row a program); TMA loads (+ SWAP_AB)
+
+
+def parse_config(text: str) -> tuple[int, int, int, int, str]:
+    """``"BNxBKxSTAGESxWARPS"`` then a variant of ``VARIANTS``: e.g. ``"64x128x4x4s"``, ``"32x256x4x4t"``."""
+    body = text.rstrip("stf")
+    variant = text[len(body):]
     try:
-        bn, bk, st, w = (int(v) for v in text.rstrip("s").split("x"))
+        bn, bk, st, w = (int(v) for v in body.split("x"))
     except ValueError:
-        raise ValueError(f"a GEMV config is BLOCK_NxBLOCK_KxSTAGESxWARPS[s], got {text!r}") from None
-    return bn, bk, st, w, swap
+        raise ValueError(f"a GEMV config is BLOCK_NxBLOCK_KxSTAGESxWARPS[{'|'.join(VARIANTS[1:])}], got {text!r}"
+                         ) from None
+    if variant not in VARIANTS:
+        raise ValueError(f"a GEMV config's variant is one of {VARIANTS}, got {variant!r} in {text!r}")
+    return bn, bk, st, w, variant
 
 
-def gemv_config(n: int, k: int, m: int = 1) -> tuple[int, int, int, int, bool]:
-    """``(BLOCK_N, BLOCK_K, NUM_STAGES, num_warps, SWAP_AB)`` for ``m`` rows and a ``[n, k]`` weight;
+def gemv_config(n: int, k: int, m: int = 1) -> tuple[int, int, int, int, str]:
+    """``(BLOCK_N, BLOCK_K, NUM_STAGES, num_warps, variant)`` for ``m`` rows and a ``[n, k]`` weight;
     ``MINIVLLM_GEMV_CFG`` overrides.
 
     NOTE: 32 columns a program keeps ~100-400 programs in flight for the 2k-12k output columns of
@@ -116,12 +205,17 @@ def gemv_config(n: int, k: int, m: int = 1) -> tuple[int, int, int, int, bool]:
     env = os.environ.get("MINIVLLM_GEMV_CFG")
     if env:
         return parse_config(env)
-    return (32, 256, 4, 4, False) if block_m(m) <= 64 else (32, 128, 4, 4, False)
+    return (32, 256, 4, 4, "") if block_m(m) <= 64 else (32, 128, 4, 4, "")
 
 
 def block_m(m: int) -> int:
     """The row tile for ``m`` rows: ``m`` rounded up to a power of two, at least 16, at most ``MAX_BLOCK_M``."""
     return min(MAX_BLOCK_M, max(16, triton.next_power_of_2(m)))
+
+
+def _tma_aligned(t: torch.Tensor) -> bool:
+    """Whether the TMA can address ``t``'s rows: 16-byte aligned start and row stride (else the plain loads)."""
+    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
 
 
 def use_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -143,12 +237,28 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    bn, bk, stages, warps, *rest = config or gemv_config(n, k, m)
-    bm = block_m(m)
+    bn, bk, stages, warps, variant = config or gemv_config(n, k, m)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    _gemv_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        x, w, bias if bias is not None else out, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+    bias_arg = bias if bias is not None else out
+    if variant == "f":
+        _gemv_fma_kernel[(m, triton.cdiv(n, bn))](
+            x, w, bias_arg, out, n, k, x.stride(0), w.stride(0), out.stride(0), HAS_BIAS=bias is not None,
+            BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, num_warps=warps, **pdl_options(x))
+        return out
+    bm = block_m(m)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    if variant.startswith("t") and _tma_aligned(x) and _tma_aligned(w):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        _gemv_tma_kernel[grid](
+            TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]), bias_arg, out,
+            m, n, k, out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            NUM_STAGES=stages, SWAP_AB=variant == "ts", DOT_F32=interpret and x.dtype != torch.float32,
+            num_warps=warps, **pdl_options(x))
+        return out
+    _gemv_kernel[grid](
+        x, w, bias_arg, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, DOT_F32=interpret and x.dtype != torch.float32, BLOCK_M=bm,
-        BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, SWAP_AB=bool(rest and rest[0]), num_warps=warps,
+        BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, SWAP_AB=variant.endswith("s"), num_warps=warps,
         **pdl_options(x))
     return out
