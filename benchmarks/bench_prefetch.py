@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_gemv import MODELS, shapes  # noqa: E402
 from graph_timing import time_in_graph  # noqa: E402
-
 from l2_prefetch import l2_prefetch  # noqa: E402
+
 from minivllm.layers.linear import linear  # noqa: E402
 
 
