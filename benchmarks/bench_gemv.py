@@ -59,13 +59,16 @@ def cell(us: float, gb: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[1])
-    ap.add_argument("--configs", nargs="+", default=None, help="BLOCK_NxBLOCK_KxSTAGESxWARPS[s] (s: SWAP_AB)")
+    ap.add_argument("--configs", nargs="+", default=None,
+                    help="BLOCK_NxBLOCK_KxSTAGESxWARPS[variant] (kernels/gemv.py VARIANTS), 'default' (the kernel's "
+                         "choice) or 'none' alone (cuBLAS only)")
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--tps", type=int, nargs="+", default=[2, 1, 4])
     ap.add_argument("--cublaslt", action="store_true", help="also time torch's cuBLASLt backend")
     ap.add_argument("--all-out", default=None, help="also write every config's time per shape to this file")
     args = ap.parse_args()
-    names = args.configs or [None]  # None: the kernel's own choice for the shape and rows
+    # None: the kernel's own choice for the shape and rows; "none" alone: cuBLAS only
+    names = [] if args.configs == ["none"] else args.configs or [None]
     print(f"GEMV vs cuBLAS on {torch.cuda.get_device_name(0)}, bf16, microseconds (TB/s of weight reads); "
           f"configs tried: {' '.join(n or 'default' for n in names)}")
     print(f"{'shape':<16}{'M':>4}{'cuBLAS':>16}{'best config':>14}{'best':>16}{'speedup':>9}{'max rel err':>13}")
@@ -87,7 +90,7 @@ def main() -> None:
                 times["cuBLASLt"] = time_in_graph(cycling(F.linear, x, ws))
                 torch.backends.cuda.preferred_blas_library("default")
             for cfg in names:
-                config = parse_config(cfg) if cfg else None
+                config = parse_config(cfg) if cfg and cfg != "default" else None
                 if config and config[4] == "f" and m > 2:  # one row a program: re-reads the weight per row
                     continue
                 try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.kernels.gemv import MAX_BLOCK_M, VARIANTS, block_m, gemv, max_rows, parse_config
+from minivllm.kernels.gemv import MAX_BLOCK_M, VARIANTS, block_m, gemv, gemv_config, max_rows, parse_config
 
 pytestmark = pytest.mark.triton
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,3 +73,15 @@ def test_gemv_rejects_bad_shapes():
         gemv(torch.randn(2, 16), w)
     with pytest.raises(ValueError, match="contiguous columns"):
         gemv(torch.randn(32, 2).t(), w)
+
+
+def test_default_configs_by_rows_and_width(monkeypatch):
+    """One row: FMAs, 8 columns a program up to 4096 columns, 16 above; 2-16 rows: TMA tiles, SWAP_AB."""
+    monkeypatch.delenv("MINIVLLM_GEMV_CFG", raising=False)
+    assert gemv_config(3072, 4096, 1) == (8, 256, 6, 2, "f")
+    assert gemv_config(6144, 4096, 1) == (16, 256, 4, 4, "f")
+    assert gemv_config(24576, 4096, 1) == (16, 512, 3, 4, "f")
+    assert gemv_config(3072, 4096, 2) == gemv_config(3072, 4096, 16) == (64, 128, 6, 4, "ts")
+    assert gemv_config(3072, 4096, 48)[4] == "" and gemv_config(3072, 4096, 100)[1] == 128
+    monkeypatch.setenv("MINIVLLM_GEMV_CFG", "32x256x4x4")
+    assert gemv_config(3072, 4096, 1) == (32, 256, 4, 4, "")
