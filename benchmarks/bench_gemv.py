@@ -26,11 +26,12 @@ from graph_timing import time_in_graph  # noqa: E402
 from minivllm.kernels.gemv import gemv, parse_config  # noqa: E402
 
 
-def shapes(hidden: int, heads: int, kv_heads: int, inter: int, tp: int, head_dim: int = 128) -> list[tuple]:
-    """A decoder layer's four linear weights ``(N, K)`` on one of ``tp`` ranks."""
+def shapes(hidden: int, heads: int, kv_heads: int, inter: int, tp: int, head_dim: int = 128,
+           vocab: int = 151936) -> list[tuple]:
+    """A decoder layer's four linear weights ``(N, K)`` on one of ``tp`` ranks, then the LM head's slice."""
     kv = max(1, kv_heads // tp)
     return [("qkv", (heads // tp + 2 * kv) * head_dim, hidden), ("o", hidden, heads // tp * head_dim),
-            ("gate_up", 2 * inter // tp, hidden), ("down", hidden, inter // tp)]
+            ("gate_up", 2 * inter // tp, hidden), ("down", hidden, inter // tp), ("lm_head", vocab // tp, hidden)]
 
 
 # (name, N, K): Qwen3-8B, Qwen3-32B and Qwen3-0.6B, at TP=2, 1 and 4

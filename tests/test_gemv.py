@@ -76,12 +76,12 @@ def test_gemv_rejects_bad_shapes():
 
 
 def test_default_configs_by_rows_and_width(monkeypatch):
-    """One row: FMAs, 8 columns a program up to 4096 columns, 16 above; 2-16 rows: TMA tiles, SWAP_AB."""
+    """One row: FMAs, 8 columns a program up to 4096 columns, 16 above; more rows: the MMA kernel."""
     monkeypatch.delenv("MINIVLLM_GEMV_CFG", raising=False)
     assert gemv_config(3072, 4096, 1) == (8, 256, 6, 2, "f")
     assert gemv_config(6144, 4096, 1) == (16, 256, 4, 4, "f")
     assert gemv_config(24576, 4096, 1) == (16, 512, 3, 4, "f")
-    assert gemv_config(3072, 4096, 2) == gemv_config(3072, 4096, 16) == (64, 128, 6, 4, "ts")
+    assert gemv_config(3072, 4096, 2) == gemv_config(3072, 4096, 16) == (32, 256, 4, 4, "")
     assert gemv_config(3072, 4096, 48)[4] == "" and gemv_config(3072, 4096, 100)[1] == 128
     monkeypatch.setenv("MINIVLLM_GEMV_CFG", "32x256x4x4")
     assert gemv_config(3072, 4096, 1) == (32, 256, 4, 4, "")

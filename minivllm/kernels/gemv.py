@@ -199,10 +199,10 @@ def gemv_config(n: int, k: int, m: int = 1) -> tuple[int, int, int, int, str]:
     NOTE: the fastest on an H200 of 20 configs at Qwen3-8B's shapes at TP=1 and 2 (2026-11-23,
     ``bench_gemv.py --rows 1 4 16 32 48 64``, docs/benchmarks.md). One row: FMAs, no MMA, with
     enough programs to fill the GPU a few times over (8 columns each up to 4096 columns, 16 above):
-    1.1-1.4x cuBLAS and 3-16% under the MMA kernel. 2-16 rows: TMA tiles with SWAP_AB, 64 weight rows
-    the MMA's wide side (3-12% under the plain-load MMA kernel at 4 rows, even at 16). More rows: the
-    plain loads, 128-wide K tiles over 64 rows (4 stages of [128 + 32, 256] tiles would not fit in
-    shared memory); cuBLAS takes those rows unless ``MINIVLLM_GEMV_MAX_ROWS`` says otherwise.
+    1.1-1.4x cuBLAS and 3-16% under the MMA kernel. More rows: the MMA kernel with plain loads (TMA tiles
+    with SWAP_AB, ``64x128x6x4ts``, were 1-3% faster at 2-16 rows on the 8B shapes but 6-7% slower on
+    the 32B ones), 128-wide K tiles over 64 rows (4 stages of [128 + 32, 256] tiles would not fit in
+    shared memory); cuBLAS takes more than 16 rows unless ``MINIVLLM_GEMV_MAX_ROWS`` says otherwise.
     """
     env = os.environ.get("MINIVLLM_GEMV_CFG")
     if env:
@@ -211,8 +211,6 @@ def gemv_config(n: int, k: int, m: int = 1) -> tuple[int, int, int, int, str]:
         if n <= 4096:
             return 8, 256, 6, 2, "f"
         return (16, 256, 4, 4, "f") if n <= 8192 else (16, 512, 3, 4, "f")
-    if m <= 16:
-        return 64, 128, 6, 4, "ts"
     return (32, 256, 4, 4, "") if block_m(m) <= 64 else (32, 128, 4, 4, "")
 
 

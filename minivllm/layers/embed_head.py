@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.layers.linear import linear
 from minivllm.utils.parallel import current_tp_group, tp_rank, tp_size
 
 
@@ -45,7 +46,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """
 
     def forward(self, x: torch.Tensor, gather: bool = True) -> torch.Tensor | None:  # [rows, hidden] -> [rows, vocab]
-        logits = F.linear(x, self.weight)  # [num_rows, per_rank]
+        logits = linear(x, self.weight, None)  # [num_rows, per_rank] (one-row decoding: the Triton GEMV)
         if self.tp_size == 1 or not gather:
             return logits
         parts = self.tp_group.gather(logits, dst=0)  # NOTE: outside any CUDA graph (sampled rows only)
