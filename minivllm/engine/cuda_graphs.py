@@ -76,6 +76,9 @@ class DecodeGraphRunner:
             if pool is None:
                 pool = graph.pool()
             self.graphs[bs] = graph
+            # NOTE: the LM head runs eagerly after a replay; this compiles its Triton kernels for bs rows
+            # now rather than in the first decode steps (~1 s each)
+            self.model.compute_logits(self.outputs[:bs], gather=False)
             torch.cuda.synchronize(self.device)
 
     def can_run(self, inp: StepInputs) -> bool:
