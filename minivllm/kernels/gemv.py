@@ -24,8 +24,9 @@ from minivllm.kernels.pdl import pdl_options, pdl_wait
 from minivllm.utils.env import env_int
 
 MAX_BLOCK_M = 128  # more rows than this take several row blocks (each re-reads the weights, from L2)
-# NOTE: measured faster than cuBLAS (2 x H200, 2026-11-22) from 8M-element weights up (the 8B layers,
-# TP=1 and 2); smaller ones (Qwen3-0.6B's) stay on cuBLAS, unmeasured here
+# NOTE: several rows: measured faster than cuBLAS (2 x H200, 2026-11-22) from 8M-element weights up (the 8B
+# layers, TP=1 and 2); smaller ones stay on cuBLAS. One row (the FMA variant) takes every weight: 1.2-4.2x
+# cuBLAS on Qwen3-0.6B's 2-6M-element layers (H200, 2026-11-23, bench_gemv.py --models 0.6b)
 MIN_WEIGHT_NUMEL = 1 << 23
 ENABLED = os.environ.get("MINIVLLM_GEMV", "1") != "0"  # NOTE: read once, at import
 DTYPES = (torch.bfloat16, torch.float16)
@@ -225,10 +226,10 @@ def _tma_aligned(t: torch.Tensor) -> bool:
 
 
 def use_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether ``linear(x, w)`` takes this kernel: CUDA, bf16/fp16, at most ``MAX_ROWS`` rows, a weight of at
-    least ``MIN_WEIGHT_NUMEL`` elements (``MINIVLLM_GEMV=0``: never)."""
+    """Whether ``linear(x, w)`` takes this kernel: CUDA, bf16/fp16, one row, or at most ``MAX_ROWS`` rows and a
+    weight of at least ``MIN_WEIGHT_NUMEL`` elements (``MINIVLLM_GEMV=0``: never)."""
     return (ENABLED and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in DTYPES
-            and w.dtype == x.dtype and w.numel() >= MIN_WEIGHT_NUMEL)
+            and w.dtype == x.dtype and (x.shape[0] == 1 or w.numel() >= MIN_WEIGHT_NUMEL))
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
