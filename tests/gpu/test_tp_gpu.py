@@ -47,7 +47,30 @@ def _check_tp_equals_tp1(model: str, tp: int, check, monkeypatch, env: dict[str,
     diffs = [(i, next((j for j, (a, b) in enumerate(zip(g, e)) if a != b), min(len(g), len(e))), g, e)
              for i, (g, e) in enumerate(zip(got, expected)) if g != e]
     # NOTE: which prompts and from which token on (an intermittent mismatch was seen once with PDL + fused norm)
-    assert not diffs, f"TP={tp} != TP=1 for {len(diffs)} prompts (prompt, first differing token, TP={tp}, TP=1): {diffs}"
+    assert not diffs, (f"TP={tp} != TP=1 for {len(diffs)} prompts (prompt, first differing token, TP={tp}, TP=1): "
+                       f"{diffs}; {_diagnose(model, tp, kw, params, expected, got, diffs)}")
+
+
+def _diagnose(model: str, tp: int, kw: dict, params: SamplingParams, expected: list, got: list, diffs: list) -> str:
+    """After a mismatch: does each side repeat its own tokens (a race or nondeterminism if not), and how far
+    apart were TP=1's two best tokens where the outputs part (a near-tie if ~1e-6)?"""
+    if params.temperature != 0:
+        return "no diagnosis (sampled, not greedy)"
+    with_lp = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos, logprobs=2)
+    with LLM(model, **kw) as one:
+        again = one.generate(PROMPTS, with_lp, use_tqdm=False)
+    with LLM(model, tensor_parallel_size=tp, **kw) as many:
+        got_again = [o["token_ids"] for o in many.generate(PROMPTS, params, use_tqdm=False)]
+    margins = {}
+    for i, j, _, _ in diffs:
+        lps = again[i].get("logprobs") or []
+        if j < len(lps):
+            top = sorted(lps[j].values(), reverse=True)
+            margins[i] = top[0] - top[1] if len(top) > 1 else None
+    one_same = [o["token_ids"] for o in again] == expected
+    return (f"diagnosis: TP=1 rerun {'repeats' if one_same else 'DIFFERS from'} its first run, TP={tp} rerun "
+            f"{'repeats' if got_again == got else 'DIFFERS from'} its first run; TP=1 top-2 logprob margin at the "
+            f"first differing token, by prompt: {margins}")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 CUDA GPUs")
