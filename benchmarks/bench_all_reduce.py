@@ -103,10 +103,16 @@ def nccl_worker(rank: int, world: int, port: int, args: argparse.Namespace) -> l
     return rows
 
 
-def main_nccl(args: argparse.Namespace) -> None:
-    results = run_ranks(nccl_worker, args.world, args, timeout=args.timeout)
+def rank_results(worker, args: argparse.Namespace) -> dict:
+    """Run ``worker`` on every rank: ``{rank: result}``, or exit with every rank's traceback if any raised."""
+    results = run_ranks(worker, args.world, args, timeout=args.timeout)
     if any(isinstance(r, str) for r in results.values()):
         raise SystemExit(f"failed: {results}")
+    return results
+
+
+def main_nccl(args: argparse.Namespace) -> None:
+    results = rank_results(nccl_worker, args)
     env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
     print(f"NCCL all-reduce of bf16 over {args.world} x {torch.cuda.get_device_name(0)} (CUDA graph of 4, 10 replays; {env})")
     print(f"{'MB':>6}{'us':>10}{'busbw GB/s':>12}")
@@ -167,9 +173,7 @@ def fused_norm_worker(rank: int, world: int, port: int, args: argparse.Namespace
 
 
 def main_fused_norm(args: argparse.Namespace) -> None:
-    results = run_ranks(fused_norm_worker, args.world, args, timeout=args.timeout)
-    if any(isinstance(r, str) for r in results.values()):
-        raise SystemExit(f"failed: {results}")
+    results = rank_results(fused_norm_worker, args)
     rows = results[0]
     print(f"all-reduce + add + RMSNorm of [M, {args.dim}] bf16 over {args.world} x {torch.cuda.get_device_name(0)}"
           f" (CUDA graph of {args.calls}, {args.iters} replays; MINIVLLM_PDL={os.environ.get('MINIVLLM_PDL', '0')})")
@@ -205,10 +209,8 @@ def main() -> None:
         return main_nccl(args)
     if args.fused_norm:
         return main_fused_norm(args)
-    results = run_ranks(worker, args.world, args, timeout=args.timeout)
+    results = rank_results(worker, args)
     rows = results[0]
-    if isinstance(rows, str) or any(isinstance(r, str) for r in results.values()):
-        raise SystemExit(f"failed: {results}")
     print(f"all-reduce of bf16 over {args.world} x {torch.cuda.get_device_name(0)} (CUDA graph of {args.calls}, "
           f"{args.iters} replays)")
     print(f"{'KB':>6}{'NCCL us':>10}" + "".join(f"{c:>12}" for c in args.configs)

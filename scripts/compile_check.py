@@ -1,6 +1,6 @@
 """Compile the decode-path Triton kernels for a Hopper GPU (sm_90) without one.
 
-    python scripts/compile_check.py
+    python scripts/compile_check.py    (also run by tests/test_compile_check.py)
 
 Triton's ahead-of-time path runs the whole pipeline (TTIR -> PTX -> cubin with the bundled ptxas),
 so a kernel that would not build on the device fails here. Kernels built with ``USE_PDL`` must
@@ -40,11 +40,22 @@ KERNELS = [
     *[(f"all-reduce + add + RMSNorm, {w} ranks, wait ring {ring}{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_add_rms_norm_kernel,
        NORM_SIG, {"RANK": 1, "WORLD": w, "BLOCK_D": 4096, "ROWS": 2, "CHECK_EVERY": 1024, "WAIT_RING": ring, "TIMED_ABORT": pdl, "USE_PDL": pdl})
       for w in (2, 4) for ring, pdl in ((0, False), (64, True))],
-    ("GEMV (PDL)", gemv._gemv_kernel,
-     {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-      "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
-     {"HAS_BIAS": False, "DOT_F32": False, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "NUM_STAGES": 4,
-      "USE_PDL": True}),
+    *[(f"GEMV, {bm}-row tile{', SWAP_AB' if swap else ''} (PDL)", gemv._gemv_kernel,
+       {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+        "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
+       {"HAS_BIAS": False, "DOT_F32": False, "BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 256 if bm <= 64 else 128,
+        "NUM_STAGES": 4, "SWAP_AB": swap, "USE_PDL": True})
+      for bm, swap in ((16, False), (128, False), (16, True))],
+    *[(f"GEMV, one row, FMA, {bn}x{bk} (PDL)", gemv._gemv_fma_kernel,
+       {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32",
+        "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
+       {"HAS_BIAS": True, "BLOCK_N": bn, "BLOCK_K": bk, "NUM_STAGES": st, "USE_PDL": True})
+      for bn, bk, st in ((8, 256, 6), (16, 256, 4), (16, 512, 3))],
+    ("GEMV, TMA tiles, SWAP_AB (PDL)", gemv._gemv_tma_kernel,
+     {"x_desc": "tensordesc<bf16[16,128]>", "w_desc": "tensordesc<bf16[64,128]>", "bias_ptr": "*bf16",
+      "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32"},
+     {"HAS_BIAS": False, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "NUM_STAGES": 6, "SWAP_AB": True,
+      "DOT_F32": False, "USE_PDL": True}),
     ("add + RMSNorm (PDL)", fused_norm._rms_norm_kernel,
      {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
       "stride_x": "i32", "stride_res": "i32", "stride_out": "i32", "stride_res_out": "i32", "d": "i32", "eps": "fp32"},

@@ -60,6 +60,9 @@ def test_gemv_configs_and_max_rows_setting(monkeypatch):
         parse_config("64x128x4")
     with pytest.raises(ValueError, match="variant is one of"):
         parse_config("64x128x4x4st")
+    for bad in ("0x128x4x4", "48x128x4x4", "64x128x0x4", "64x128x4x64", "64x-128x4x4"):
+        with pytest.raises(ValueError, match="powers of two"):
+            parse_config(bad)
     monkeypatch.setenv("MINIVLLM_GEMV_MAX_ROWS", "64")
     assert max_rows() == 64
     monkeypatch.setenv("MINIVLLM_GEMV_MAX_ROWS", "many")

@@ -71,21 +71,41 @@ def _gemv_kernel(
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
     x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
-    if SWAP_AB:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         kk = k + rk
         x = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)  # [BM, BK]
         w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)  # [BN, BK]
-        if DOT_F32:  # NOTE: the interpreter's bf16/fp16 dot is wrong; float32 tiles there
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        if SWAP_AB:
-            acc += tl.dot(w, tl.trans(x))  # [BN, BM]
-        else:
-            acc += tl.dot(x, tl.trans(w))  # [BM, BN]
+        acc = _mma(acc, x, w, SWAP_AB, DOT_F32)
+    _store_tile(acc, rm, rn, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS, SWAP_AB)
+
+
+@triton.jit
+def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """The float32 accumulator: [BN, BM] with SWAP_AB, else [BM, BN]."""
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _mma(acc, x, w, SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr):
+    """``acc + x @ w.T`` for tiles x [BM, BK] and w [BN, BK] (``w @ x.T`` into [BN, BM] with SWAP_AB)."""
+    if DOT_F32:  # NOTE: the interpreter's bf16/fp16 dot is wrong; float32 tiles there
+        x = x.to(tl.float32)
+        w = w.to(tl.float32)
+    if SWAP_AB:
+        acc += tl.dot(w, tl.trans(x))  # [BN, BM]
+    else:
+        acc += tl.dot(x, tl.trans(w))  # [BM, BN]
+    return acc
+
+
+@triton.jit
+def _store_tile(acc, rm, rn, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr):
+    """Rows ``rm``, columns ``rn`` of the output: the accumulator (+ bias), in the output's dtype."""
     if SWAP_AB:
         acc = tl.trans(acc)  # [BM, BN]
     if HAS_BIAS:
@@ -152,28 +172,14 @@ def _gemv_tma_kernel(
     pdl_wait(USE_PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if SWAP_AB:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         x = x_desc.load([pid_m * BLOCK_M, k])  # [BM, BK]
         w = w_desc.load([pid_n * BLOCK_N, k])  # [BN, BK]
-        if DOT_F32:
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        if SWAP_AB:
-            acc += tl.dot(w, tl.trans(x))  # [BN, BM]
-        else:
-            acc += tl.dot(x, tl.trans(w))  # [BM, BN]
-    if SWAP_AB:
-        acc = tl.trans(acc)  # [BM, BN]
+        acc = _mma(acc, x, w, SWAP_AB, DOT_F32)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+    _store_tile(acc, rm, rn, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS, SWAP_AB)
 
 
 VARIANTS = ("", "s", "f", "t", "ts")  # MMA; MMA with SWAP_AB; FMA (one row a program); TMA loads (+ SWAP_AB)
@@ -190,6 +196,9 @@ def parse_config(text: str) -> tuple[int, int, int, int, str]:
                          ) from None
     if variant not in VARIANTS:
         raise ValueError(f"a GEMV config's variant is one of {VARIANTS}, got {variant!r} in {text!r}")
+    if not all(v > 0 and v & (v - 1) == 0 for v in (bn, bk, w)) or st < 1 or w > 32:
+        raise ValueError(f"a GEMV config needs BLOCK_N, BLOCK_K and WARPS (<= 32) powers of two and STAGES >= 1, "
+                         f"got {text!r}")
     return bn, bk, st, w, variant
 
 
