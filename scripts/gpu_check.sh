@@ -11,6 +11,10 @@
 #   attn: decode attention at TP=2 shapes of Qwen3-8B (16/4 heads): unified-kernel tile configurations, split-KV
 #   archeck: bench_all_reduce.py (plain and --fused-norm) with the abort flag read every 1024 and every 16 polls
 #   repeat: $REPEAT_TEST (a pytest node id or path with -k) $REPEAT_N times (default 10); keeps the logs of failing runs
+#   lazy: benchmarks/lazy_compiles.py on $LAZY_MODELS (default qwen3-0.6b): kernels compiled after start-up, first vs
+#         second pass of small scenarios, with a fresh Triton cache
+#   ltab: Qwen3-8B nano ($LTAB_REPEAT runs, default 2) with the defaults, then with cuBLASLt for the 17-$LT_MAX_ROWS-row
+#         decode graphs (MINIVLLM_CUBLASLT_MAX_ROWS, default 128), and its GPU test
 #   sessiontests: the TP, PDL and custom all-reduce GPU tests
 #   tpvar: Qwen3-8B at TP=2 once per entry of $TP_VARIANTS, "name:VAR=value,VAR2=value" (name: alone = defaults),
 #          e.g. TP_VARIANTS="base: simple:NCCL_PROTO=Simple"; results in tp_8b_<name>.json
@@ -102,6 +106,12 @@ for s in $sections; do
     tp32) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout ${SIZE_TIMEOUT:-270} --model benchmarks/configs/qwen3-32b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_32b.json" 2>&1 | tail -12 ;;
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
     serve8b) timeout 400 bash scripts/serve_bench.sh "$R" qwen3-8b 2>&1 | tail -60 ;;
+    lazy) for M in ${LAZY_MODELS:-qwen3-0.6b}; do timeout ${LAZY_TIMEOUT:-300} python3 benchmarks/lazy_compiles.py --model benchmarks/configs/$M \
+            --json-out "$R/lazy_$M.json" > "$R/lazy_$M.txt" 2>&1; grep -v "^  \[" "$R/lazy_$M.txt" | tail -14; done ;;
+    ltab) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py -k cublaslt > "$R/ltab_test.log" 2>&1; tail -3 "$R/ltab_test.log"
+          timeout 200 $BENCH --model qwen3-8b --workload nano --repeat ${LTAB_REPEAT:-2} --json-out "$R/q8b_nano_ltbase.json" 2>&1 | grep -i "tok/s" | tail -3
+          MINIVLLM_CUBLASLT_MAX_ROWS=${LT_MAX_ROWS:-128} timeout 200 $BENCH --model qwen3-8b --workload nano --repeat ${LTAB_REPEAT:-2} \
+            --json-out "$R/q8b_nano_lt.json" 2>&1 | grep -i "tok/s" | tail -3 ;;
     topo) nvidia-smi topo -m | tee "$R/topo.txt" ;;
     tpfusednorm) MINIVLLM_FUSED_AR_NORM=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 \
                    --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_fused_norm.json" 2>&1 | tail -4 ;;

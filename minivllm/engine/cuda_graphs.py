@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from minivllm.engine.step_inputs import StepInputs
 from minivllm.kernels.pdl import pdl_for_rows
 from minivllm.layers.attention_metadata import AttentionMetadata
+from minivllm.utils.env import env_int
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -17,6 +20,23 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
         if s >= max_num_seqs:
             break
     return sizes
+
+
+@contextlib.contextmanager
+def blas_for_rows(rows: int):
+    """torch's cuBLASLt backend for the GEMMs of graphs of ``MINIVLLM_CUBLASLT_MIN_ROWS`` to
+    ``MINIVLLM_CUBLASLT_MAX_ROWS`` rows (default: none), its default cuBLAS path for the others."""
+    lo = env_int("MINIVLLM_CUBLASLT_MIN_ROWS", 17, what="a row count")
+    hi = env_int("MINIVLLM_CUBLASLT_MAX_ROWS", 0, what="a row count")
+    if not lo <= rows <= hi:
+        yield
+        return
+    prev = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(prev)
 
 
 class DecodeGraphRunner:
@@ -69,7 +89,7 @@ class DecodeGraphRunner:
         for bs in reversed(self.sizes):
             meta = self._meta(bs)
             graph = torch.cuda.CUDAGraph()
-            with pdl_for_rows(bs):
+            with pdl_for_rows(bs), blas_for_rows(bs):
                 self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], meta)  # warm-up
                 with torch.cuda.graph(graph, pool):
                     self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], meta)

@@ -77,3 +77,21 @@ def test_demo_model_bf16_cuda_graphs_matches_transformers():
     print(f"demo model bf16 + CUDA graphs: {matches}/{len(PROMPTS)} prompts equal transformers for 32 tokens")
     assert not bad, f"divergences that are not bf16 near-ties in transformers' logits: {bad}"
     assert matches >= 8
+
+
+def test_cublaslt_decode_graphs(tiny_model, monkeypatch):
+    """``MINIVLLM_CUBLASLT_MAX_ROWS``: graphs of 17..max rows capture cuBLASLt GEMMs (the backend is switched
+    only inside the scope), and greedy tokens equal eager ones (float32)."""
+    from minivllm.engine.cuda_graphs import blas_for_rows
+
+    monkeypatch.setenv("MINIVLLM_CUBLASLT_MAX_ROWS", "64")
+    before = torch.backends.cuda.preferred_blas_library()
+    with blas_for_rows(32):
+        assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
+    assert torch.backends.cuda.preferred_blas_library() == before
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=48, gpu_memory_utilization=0.3)
+    with LLM(tiny_model, enforce_eager=True, **kw) as eager:
+        expected = ids(eager.generate(PROMPTS, GREEDY, use_tqdm=False))
+    with LLM(tiny_model, **kw) as graphs:
+        assert ids(graphs.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
+    assert torch.backends.cuda.preferred_blas_library() == before
