@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> dict:
     from minivllm import LLM, SamplingParams
 
     phase = ["start-up"]
-    compiled: list[tuple[str, str, str]] = []  # (phase, kernel, specialisation)
+    compiled: list[tuple[str, str, dict]] = []  # (phase, kernel, {argument or option: specialisation})
 
-    def hook(*, repr: str, fn, **kwargs):  # noqa: A002 - Triton's keyword
-        compiled.append((phase[0], getattr(fn, "name", str(fn)), repr))
+    def hook(*, fn, compile, **kwargs):  # noqa: A002 - Triton's keyword
+        compiled.append((phase[0], getattr(fn, "name", str(fn)), specialisation(compile)))
         return False  # NOTE: a true value would skip the compile
 
     knobs.runtime.jit_cache_hook = hook
@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{r['scenario']:55s} {r['first_s']:8.3f} {r['second_s']:8.3f} "
               f"{len(r['compiled']):5d}{'+' + str(len(r['compiled_again'])) if r['compiled_again'] else ''}")
     for r in rows:
-        for k, rep in r["compiled"] + r["compiled_again"]:
-            print(f"  [{r['scenario']}] {k}: {rep}")
+        for k, spec in r["compiled"] + r["compiled_again"]:
+            earlier = [sp for ph, kk, sp in compiled if kk == k and sp is not spec]
+            print(f"  [{r['scenario']}] {k}: {what_differs(spec, earlier)}")
     total = sum(len(r["compiled"]) + len(r["compiled_again"]) for r in rows)
     print(f"# kernels compiled after start-up: {total}")
     result = dict(model=args.model, startup_s=startup_s, scenarios=rows, lazy_compiles=total)
@@ -109,6 +110,34 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
+
+def specialisation(compile: dict) -> dict:
+    """{argument name or option: its specialisation} from the hook's ``specialization_data`` (Triton 3.4+)."""
+    try:
+        data = json.loads(compile["specialization_data"])
+    except (KeyError, TypeError, ValueError):
+        return {"?": str(compile.get("key"))}
+    names = list(data.get("signature", {}))
+    spec = {n: str(t) for n, t in data.get("signature", {}).items() if t != "constexpr"}
+    for key, val in zip(data.get("constant_keys", []), data.get("constant_vals", [])):
+        name = names[key[0]] if key and key[0] < len(names) else str(key)
+        spec[name] = f"= {val.get('constexpr', val) if isinstance(val, dict) else val}"
+    for key, val in zip(data.get("attrs_keys", []), data.get("attrs_vals", [])):
+        name = names[key[0]] if key and key[0] < len(names) else str(key)
+        spec[name] = f"{spec.get(name, '')} {val}".strip()
+    for opt in ("num_warps", "num_stages"):
+        spec[opt] = str(data.get("options", {}).get(opt))
+    return spec
+
+
+def what_differs(spec: dict, earlier: list[dict]) -> str:
+    """The entries of ``spec`` that differ from the closest earlier compile of the kernel (all if none)."""
+    if not earlier:
+        return "first compile: " + ", ".join(f"{k}: {v}" for k, v in spec.items())
+    best = min(earlier, key=lambda e: sum(e.get(k) != v for k, v in spec.items()))
+    diff = [f"{k}: {best.get(k)} -> {v}" for k, v in spec.items() if best.get(k) != v]
+    return "; ".join(diff) or "same specialisation as an earlier compile"
 
 
 def torch_sync() -> None:
