@@ -90,29 +90,33 @@ class ModelRunner:
             from minivllm.engine.cuda_graphs import DecodeGraphRunner
 
             self.graph_runner = DecodeGraphRunner(self)
-        if self.device.type == "cuda":
-            self._warm_sampling()
+        self._warm_sampling()
 
     @torch.inference_mode()
     def _warm_sampling(self) -> None:
         """Run each sampling path once on two dummy rows (every rank together: the paths gather), so their
-        Triton kernels compile at start-up rather than in a user's first steps (~0.6 s each)."""
+        Triton kernels compile at start-up rather than in a user's first steps (~0.6 s each on a GPU; on the
+        CPU this only checks the paths)."""
         from minivllm.sampling_params import SamplingParams
 
         hidden = torch.zeros(2, self.config.model_config.hidden_size, dtype=self.dtype, device=self.device)
         if self.shard_sampler is not None:
             shard = self.model.compute_logits(hidden, gather=False)  # [2, per_rank]
-            for temps in ((0.0, 0.0), (0.6, 0.0), (1.0, 1.0)):  # all greedy, then the two noisy variants
+            for temps in ((0.0, 0.0), (0.6, 0.0)):  # all greedy (no noise), then noisy
                 self.shard_sampler(shard, np.asarray(temps, dtype=np.float32))
         logits = self.model.compute_logits(hidden, gather=True)  # [2, vocab] on rank 0, else None
         if logits is None:
             return
-        for temps in ((0.6, 0.0), (1.0, 1.0)):  # NOTE: all-greedy batches take torch.argmax: nothing to compile
-            params = [SamplingParams(temperature=t) for t in temps]
+        # NOTE: all-greedy batches take torch.argmax: nothing to compile. The last set loads torch's sort, top-k
+        # and penalty kernels (lazily loaded CUDA modules: ~0.1 s in a first request)
+        filtered = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, repetition_penalty=1.1, logprobs=5)
+        for params in ([SamplingParams(temperature=0.6), SamplingParams(temperature=0.0)],
+                       [SamplingParams(temperature=1.0)] * 2, [filtered] * 2):
             meta = build_sampling_metadata(params, [()] * 2, [range(0)] * 2, self.eos_token_ids, self.device,
                                            self.vocab_size)
             self.sampler(logits, meta)
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _graphs_allowed(self) -> bool:
         """CUDA graphs with tensor parallelism only where ``tp_cuda_graphs_enabled()`` says (see there)."""

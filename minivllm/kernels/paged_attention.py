@@ -29,7 +29,9 @@ from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 
-@triton.jit
+# NOTE: the block table's width changes from step to step; specialising on it (divisible by 16 or not)
+# compiled a second kernel in users' first requests
+@triton.jit(do_not_specialize=["stride_bt"])
 def _paged_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, head_dim]
     q_ptr,  # [num_tokens, num_heads, head_dim]

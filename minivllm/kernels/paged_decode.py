@@ -18,7 +18,9 @@ from minivllm.kernels.paged_attention import paged_attention
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 
-@triton.jit
+# NOTE: the block table's width changes from step to step; specialising on it (divisible by 16 or not)
+# compiled a second kernel in users' first requests
+@triton.jit(do_not_specialize=["stride_bt"])
 def _split_kv_decode_kernel(
     m_part_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32
     l_part_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32
