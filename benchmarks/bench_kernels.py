@@ -23,12 +23,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
 
-def make_decode_batch(batch, context, block_size, num_heads, num_kv_heads, head_dim, dtype):
-    """Every row has ``context`` keys in randomly permuted physical blocks."""
+def make_decode_batch(batch, context, block_size, num_heads, num_kv_heads, head_dim, dtype, layout="nhd"):
+    """Every row has ``context`` keys in randomly permuted physical blocks. ``layout`` "hnd" stores each
+    block head-major ([blocks, kv_heads, block_size, head_dim]) and passes the kernels a permuted view."""
     blocks_per_row = math.ceil(context / block_size)
     num_blocks = batch * blocks_per_row
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, device="cuda", dtype=dtype)
-    v_cache = torch.randn_like(k_cache)
+    if layout == "hnd":
+        k_cache = torch.randn(num_blocks, num_kv_heads, block_size, head_dim, device="cuda", dtype=dtype)
+        k_cache = k_cache.permute(0, 2, 1, 3)  # [blocks, block_size, kv_heads, head_dim] view
+        v_cache = torch.randn_like(k_cache.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
+    else:
+        k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, device="cuda", dtype=dtype)
+        v_cache = torch.randn_like(k_cache)
     block_tables = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(batch, blocks_per_row)
     context_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     query = torch.randn(batch, num_heads, head_dim, device="cuda", dtype=dtype)
@@ -45,6 +51,8 @@ def main() -> int:
     parser.add_argument("--cuda-graph", action="store_true", help="time graph replays (no launch overhead)")
     parser.add_argument("--sweep-splits", type=int, nargs="+", help="time split-KV at these num_splits")
     parser.add_argument("--configs", nargs="+", help="time the unified kernel at these BLOCK_NxSTAGESxWARPS")
+    parser.add_argument("--layout", choices=["nhd", "hnd"], default="nhd",
+                        help="KV cache block layout: token-major (the engine's) or head-major (a permuted view)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels.py needs a CUDA GPU; nothing to do on this machine.")
@@ -70,7 +78,7 @@ def main() -> int:
 
     mode = "CUDA-graph replay" if args.cuda_graph else "eager do_bench"
     print(f"# {torch.cuda.get_device_name()} ({sms} SMs), q/kv heads {num_heads}/{num_kv_heads}, "
-          f"head_dim {head_dim}, bf16, {mode}; median microseconds, GB/s of K/V read")  # fmt: skip
+          f"head_dim {head_dim}, bf16, {mode}, {args.layout} blocks; median microseconds, GB/s of K/V read")  # fmt: skip
     if args.configs:
         header = f"{'batch':>6} {'ctx':>6} {'bs':>4} | {'default':>8} | " + " ".join(f"{c:>9}" for c in args.configs)
     elif args.sweep_splits:
@@ -86,7 +94,7 @@ def main() -> int:
         for context in args.contexts:
             for batch in args.batches:
                 shape = (num_heads, num_kv_heads, head_dim, dtype)
-                q, kc, vc, ctx, bt = make_decode_batch(batch, context, block_size, *shape)
+                q, kc, vc, ctx, bt = make_decode_batch(batch, context, block_size, *shape, layout=args.layout)
                 kv_bytes = 2 * batch * context * num_kv_heads * head_dim * kc.element_size()
                 splits = choose_num_splits(batch, num_kv_heads, context, sms)
                 out = torch.empty_like(q)

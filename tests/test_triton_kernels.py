@@ -263,21 +263,24 @@ def test_pdl_for_rows(monkeypatch):
 
 
 def test_blas_for_rows_out_of_range_and_bad_values(monkeypatch):
-    """``MINIVLLM_CUBLASLT_{MIN,MAX}_ROWS``: outside the range (by default, every size) the BLAS backend is
-    not touched, which works on a CPU build; a bad value is a clear error."""
-    from minivllm.engine.cuda_graphs import blas_for_rows
+    """``MINIVLLM_CUBLASLT_{MIN,MAX}_ROWS``: graphs of 17-128 rows by default; outside the range the BLAS
+    backend is not touched (which works on a CPU build); a bad value is a clear error."""
+    from minivllm.engine.cuda_graphs import blas_for_rows, cublaslt_rows
 
     before = torch.backends.cuda.preferred_blas_library()
     monkeypatch.delenv("MINIVLLM_CUBLASLT_MIN_ROWS", raising=False)
     monkeypatch.delenv("MINIVLLM_CUBLASLT_MAX_ROWS", raising=False)
-    for rows in (1, 17, 128, 4096):
+    assert cublaslt_rows() == range(17, 129)
+    for rows in (1, 16, 129, 4096):
         with blas_for_rows(rows):
             assert torch.backends.cuda.preferred_blas_library() == before
-    monkeypatch.setenv("MINIVLLM_CUBLASLT_MAX_ROWS", "128")
-    for rows in (1, 16, 129):
-        with blas_for_rows(rows):
-            assert torch.backends.cuda.preferred_blas_library() == before
+    monkeypatch.setenv("MINIVLLM_CUBLASLT_MAX_ROWS", "0")
+    assert 17 not in cublaslt_rows() and 128 not in cublaslt_rows()
+    with blas_for_rows(64):
+        assert torch.backends.cuda.preferred_blas_library() == before
+    monkeypatch.setenv("MINIVLLM_CUBLASLT_MIN_ROWS", "32")
+    monkeypatch.setenv("MINIVLLM_CUBLASLT_MAX_ROWS", "64")
+    assert cublaslt_rows() == range(32, 65)
     monkeypatch.setenv("MINIVLLM_CUBLASLT_MAX_ROWS", "-3")
-    with pytest.raises(ValueError, match="MINIVLLM_CUBLASLT_MAX_ROWS must be"):
-        with blas_for_rows(32):
-            pass
+    with pytest.raises(ValueError, match="MINIVLLM_CUBLASLT_MAX_ROWS must be a row count"):
+        cublaslt_rows()
