@@ -71,7 +71,10 @@ def main(argv: list[str] | None = None) -> dict:
     kw = {"load_format": "dummy", "max_model_len": 24576}
     for item in args.engine_arg:
         k, _, v = item.partition("=")
-        kw[k] = json.loads(v) if v[:1] in "0123456789-[{tf" else v
+        try:
+            kw[k] = json.loads(v)  # numbers, true / false, lists
+        except ValueError:
+            kw[k] = v
     t0 = time.perf_counter()
     llm = LLM(args.model, **kw)
     startup_s = time.perf_counter() - t0

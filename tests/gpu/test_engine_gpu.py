@@ -95,3 +95,22 @@ def test_cublaslt_decode_graphs(tiny_model, monkeypatch):
     with LLM(tiny_model, **kw) as graphs:
         assert ids(graphs.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
     assert torch.backends.cuda.preferred_blas_library() == before
+
+
+def test_no_triton_compiles_after_start_up(tiny_model, tmp_path):
+    """``benchmarks/lazy_compiles.py`` in a fresh process and Triton cache: start-up compiles every kernel that
+    greedy, temperature, top-k/top-p, logprobs, prefix-hit and chunked-prefill requests use (bf16)."""
+    import json
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    out = tmp_path / "lazy.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "lazy_compiles.py"), "--model", tiny_model,
+         "--engine-arg", "max_model_len=4096", "--engine-arg", "dtype=bfloat16", "--json-out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert len(result["scenarios"]) == 9
+    assert result["lazy_compiles"] == 0, proc.stdout[-3000:]
