@@ -19,6 +19,9 @@ import random
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
 
 def scenarios(vocab: int, long_len: int, ids_seed: int):

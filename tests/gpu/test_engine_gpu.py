@@ -108,7 +108,8 @@ def test_no_triton_compiles_after_start_up(tiny_model, tmp_path):
     out = tmp_path / "lazy.json"
     proc = subprocess.run(
         [sys.executable, os.path.join(root, "benchmarks", "lazy_compiles.py"), "--model", tiny_model,
-         "--engine-arg", "max_model_len=4096", "--engine-arg", "dtype=bfloat16", "--json-out", str(out)],
+         "--engine-arg", "max_model_len=1024", "--engine-arg", "max_num_batched_tokens=512",
+         "--engine-arg", "dtype=bfloat16", "--json-out", str(out)],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
