@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     llm = LLM(args.model, **kw)
     startup_s = time.perf_counter() - t0
+    cache_dir = os.environ.get("TRITON_CACHE_DIR")
+    cached_at_start = cache_kernels(cache_dir)
     vocab = min(10000, llm.config.model_config.vocab_size - 1)
     rows = []
     cfg = llm.config
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
         again = [(k, r) for ph, k, r in compiled if ph == f"{name} (again)"]
         rows.append(dict(scenario=name, first_s=times[0], second_s=times[1], compiled=new, compiled_again=again))
     llm.close()
+    # NOTE: the hook sees this process only; tensor-parallel workers compile into the same cache directory
+    late_files = sorted(set(cache_kernels(cache_dir)) - set(cached_at_start)) if not args.keep_cache else []
     print(f"# start-up {startup_s:.1f} s, {sum(ph == 'start-up' for ph, _, _ in compiled)} kernels compiled "
           f"(triton {triton.__version__})")
     print(f"{'scenario':55s} {'first s':>8s} {'again s':>8s} {'compiled':>8s}")
@@ -110,12 +114,27 @@ def main(argv: list[str] | None = None) -> dict:
             earlier = [sp for ph, kk, sp in compiled if kk == k and sp is not spec]
             print(f"  [{r['scenario']}] {k}: {what_differs(spec, earlier)}")
     total = sum(len(r["compiled"]) + len(r["compiled_again"]) for r in rows)
-    print(f"# kernels compiled after start-up: {total}")
-    result = dict(model=args.model, startup_s=startup_s, scenarios=rows, lazy_compiles=total)
+    print(f"# kernels compiled after start-up: {total} in this process; "
+          f"{len(late_files)} new in the Triton cache (any process){': ' if late_files else ''}"
+          f"{', '.join(name for _, name in late_files)}")
+    result = dict(model=args.model, startup_s=startup_s, scenarios=rows, lazy_compiles=total,
+                  late_cache_kernels=[name for _, name in late_files])
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
+
+def cache_kernels(cache_dir: str | None) -> list[tuple[str, str]]:
+    """(cache entry, kernel name) of every compiled kernel in a Triton cache directory."""
+    if not cache_dir or not os.path.isdir(cache_dir):
+        return []
+    found = []
+    for entry in sorted(os.listdir(cache_dir)):
+        for f in os.listdir(os.path.join(cache_dir, entry)):
+            if f.endswith(".json") and not f.startswith("__grp__"):
+                found.append((entry, f[: -len(".json")]))
+    return found
 
 
 def specialisation(compile: dict) -> dict:

@@ -115,3 +115,4 @@ def test_no_triton_compiles_after_start_up(tiny_model, tmp_path):
     result = json.loads(out.read_text())
     assert len(result["scenarios"]) == 9
     assert result["lazy_compiles"] == 0, proc.stdout[-3000:]
+    assert result["late_cache_kernels"] == [], proc.stdout[-3000:]
