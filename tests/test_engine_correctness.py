@@ -131,3 +131,23 @@ def test_short_request_first_token_while_long_prompt_prefills(tiny_tied_model):
     assert first_token_step[short] == 0  # admitted next to the long prompt's first 16-token chunk
     assert first_token_step[long] >= len(long_ids) // 16 - 1  # ~len/16 chunked steps
     assert first_token_step[short] < first_token_step[long]
+
+
+def test_startup_steps_leave_the_engine_working(tiny_tied_model):
+    """``minivllm/engine/startup.py`` on the CPU: the profiling forward (a GPU step, here run directly) binds a
+    throw-away cache and leaves the layers without one; the KV cache sizing and the sampling warm-up ran at
+    start-up; re-binding the cache restores generation, with the same greedy tokens."""
+    from minivllm.engine import startup
+
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with LLM(tiny_tied_model, device="cpu", max_model_len=256, max_num_seqs=4, num_kvcache_blocks=40) as llm:
+        runner = llm.executor.runner
+        assert runner.num_kvcache_blocks == 40
+        cache = runner.kv_cache  # [2, layers, blocks, block_size, kv_heads, head_dim]
+        assert cache.shape[2] == 40 and cache.numel() * cache.element_size() == 40 * startup.block_bytes(runner)
+        expected = [o["token_ids"] for o in llm.generate(["a b c", "d e"], greedy, use_tqdm=False)]
+        startup.profiling_forward(runner)
+        assert runner.kv_cache is None and all(layer.k_cache.numel() == 0 for layer in runner.attn_layers)
+        startup.bind_cache(runner, cache)
+        startup.warm_sampling(runner)
+        assert [o["token_ids"] for o in llm.generate(["a b c", "d e"], greedy, use_tqdm=False)] == expected

@@ -16,14 +16,13 @@ placeholders listed in ``StepInputs.prev_token_index``.
 from __future__ import annotations
 
 import logging
-import os
 
-import numpy as np
 import torch
 
 from minivllm.config import Config
 from minivllm.engine.executor import SampledTokens
 from minivllm.engine.scheduler import SchedulerOutput
+from minivllm.engine.startup import allocate_kv_cache, warm_sampling
 from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.step_inputs import StepInputs, build_step_inputs
 from minivllm.kernels.pdl import pdl_for_rows
@@ -85,38 +84,13 @@ class ModelRunner:
         self.graph_runner = None
         self.prev_sampled: torch.Tensor | None = None
         self.share_sampled = config.tensor_parallel_size > 1 and config.async_scheduling
-        self.num_kvcache_blocks = self._allocate_kv_cache()
+        self.kv_cache: torch.Tensor | None = None  # [2, layers, blocks, block_size, kv_heads, head_dim]
+        self.num_kvcache_blocks = allocate_kv_cache(self)
         if self.device.type == "cuda" and not config.enforce_eager and self._graphs_allowed():
             from minivllm.engine.cuda_graphs import DecodeGraphRunner
 
             self.graph_runner = DecodeGraphRunner(self)
-        self._warm_sampling()
-
-    @torch.inference_mode()
-    def _warm_sampling(self) -> None:
-        """Run each sampling path once on two dummy rows (every rank together: the paths gather), so their
-        Triton kernels compile at start-up rather than in a user's first steps (~0.6 s each on a GPU; on the
-        CPU this only checks the paths)."""
-        from minivllm.sampling_params import SamplingParams
-
-        hidden = torch.zeros(2, self.config.model_config.hidden_size, dtype=self.dtype, device=self.device)
-        if self.shard_sampler is not None:
-            shard = self.model.compute_logits(hidden, gather=False)  # [2, per_rank]
-            for temps in ((0.0, 0.0), (0.6, 0.0)):  # all greedy (no noise), then noisy
-                self.shard_sampler(shard, np.asarray(temps, dtype=np.float32))
-        logits = self.model.compute_logits(hidden, gather=True)  # [2, vocab] on rank 0, else None
-        if logits is None:
-            return
-        # NOTE: all-greedy batches take torch.argmax: nothing to compile. The last set loads torch's sort, top-k
-        # and penalty kernels (lazily loaded CUDA modules: ~0.1 s in a first request)
-        filtered = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, repetition_penalty=1.1, logprobs=5)
-        for params in ([SamplingParams(temperature=0.6), SamplingParams(temperature=0.0)],
-                       [SamplingParams(temperature=1.0)] * 2, [filtered] * 2):
-            meta = build_sampling_metadata(params, [()] * 2, [range(0)] * 2, self.eos_token_ids, self.device,
-                                           self.vocab_size)
-            self.sampler(logits, meta)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        warm_sampling(self)
 
     def _graphs_allowed(self) -> bool:
         """CUDA graphs with tensor parallelism only where ``tp_cuda_graphs_enabled()`` says (see there)."""
@@ -138,84 +112,6 @@ class ModelRunner:
         self.release_graphs()
         if self.tp_group is not None:
             self.tp_group.shutdown()
-
-    # ------------------------------------------------------------------ KV cache
-    def _block_bytes(self) -> int:
-        layer = self.attn_layers[0]
-        return (2 * len(self.attn_layers) * self.block_size * layer.num_kv_heads * layer.head_dim
-                * self.kv_dtype.itemsize)
-
-    def _profile_num_blocks(self) -> int:
-        """Blocks that fit in free memory: GPU after a warm-up at the largest batch, CPU from a budget."""
-        cfg = self.config
-        if cfg.num_kvcache_blocks is not None:
-            return cfg.num_kvcache_blocks
-        blocks_per_seq = -(-cfg.max_model_len // self.block_size)
-        if self.device.type == "cpu":
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-            budget = min(cfg.cpu_kvcache_space_gib * 2**30, 0.5 * avail)
-            return max(1, min(int(budget // self._block_bytes()), cfg.max_num_seqs * blocks_per_seq + 1))
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self._warmup()
-        free, total = torch.cuda.mem_get_info(self.device)
-        stats = torch.cuda.memory_stats(self.device)
-        peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
-        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
-        available = total * cfg.gpu_memory_utilization - used_by_others - peak - (
-            torch.cuda.memory_reserved(self.device) - current)
-        # NOTE: capped at four times what max_num_seqs full-length sequences can hold (the rest could
-        # only keep prefix cache): a tiny model on a large GPU would otherwise get millions of blocks
-        return min(int(available // self._block_bytes()), 4 * cfg.max_num_seqs * blocks_per_seq + 1)
-
-    @torch.inference_mode()
-    def _warmup(self) -> None:
-        """One forward at the largest batch (through a throw-away cache) to measure peak activations."""
-        cfg = self.config
-        num_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * cfg.max_model_len)
-        seq_len = min(cfg.max_model_len, num_tokens)
-        num_seqs = max(1, num_tokens // seq_len)
-        blocks = num_seqs * -(-seq_len // self.block_size)
-        self._bind_cache(self._new_cache(blocks))
-        from minivllm.engine.sequence import Sequence
-
-        out = SchedulerOutput()
-        for i in range(num_seqs):
-            seq = Sequence([0] * seq_len)
-            seq.block_table = list(range(i * (blocks // num_seqs), (i + 1) * (blocks // num_seqs)))
-            out.scheduled.append((seq, seq_len))
-        logits = self.execute(build_step_inputs(out, self.block_size))
-        del logits
-        self._bind_cache(None)
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-
-    def _new_cache(self, num_blocks: int) -> torch.Tensor:
-        layer = self.attn_layers[0]
-        # [2, layers, blocks, block_size, kv_heads, head_dim]
-        return torch.zeros(2, len(self.attn_layers), num_blocks, self.block_size, layer.num_kv_heads,
-                           layer.head_dim, dtype=self.kv_dtype, device=self.device)
-
-    def _bind_cache(self, cache: torch.Tensor | None) -> None:
-        self.kv_cache = cache
-        for i, layer in enumerate(self.attn_layers):
-            if cache is None:
-                layer.k_cache = layer.v_cache = torch.tensor([])
-            else:
-                layer.k_cache, layer.v_cache = cache[0, i], cache[1, i]
-
-    def _allocate_kv_cache(self) -> int:
-        num_blocks = self._profile_num_blocks()
-        if self.tp_group is not None:
-            t = torch.tensor([num_blocks], device=self.device if self.device.type == "cuda" else "cpu")
-            self.tp_group.all_reduce(t, op="min")
-            num_blocks = int(t.item())
-        if num_blocks < 1:
-            raise RuntimeError(
-                "no memory is left for the KV cache: raise gpu_memory_utilization, lower max_num_batched_tokens, "
-                "or use a smaller model")
-        self._bind_cache(self._new_cache(num_blocks))
-        return num_blocks
 
     # ------------------------------------------------------------------- forward
     def _to_device(self, a, dtype=None) -> torch.Tensor:
