@@ -15,6 +15,8 @@
 #         second pass of small scenarios, with a fresh Triton cache
 #   ltab: Qwen3-8B nano ($LTAB_REPEAT runs, default 2) with the defaults, then with cuBLASLt for the 17-$LT_MAX_ROWS-row
 #         decode graphs (MINIVLLM_CUBLASLT_MAX_ROWS, default 128), and its GPU test
+#   ceoverlap: bench_ce_overlap.py (2 GPUs): copy-engine all-reduce of prefill partials, alone and overlapping the
+#              row-parallel matmuls in $CE_CHUNKS slices (default "1 4 8"); then NCCL alone at 128 MB
 #   sessiontests: the TP, PDL and custom all-reduce GPU tests
 #   tpvar: Qwen3-8B at TP=2 once per entry of $TP_VARIANTS, "name:VAR=value,VAR2=value" (name: alone = defaults),
 #          e.g. TP_VARIANTS="base: simple:NCCL_PROTO=Simple"; results in tp_8b_<name>.json
@@ -112,6 +114,8 @@ for s in $sections; do
           timeout 200 $BENCH --model qwen3-8b --workload nano --repeat ${LTAB_REPEAT:-2} --json-out "$R/q8b_nano_ltbase.json" 2>&1 | grep -i "tok/s" | tail -3
           MINIVLLM_CUBLASLT_MAX_ROWS=${LT_MAX_ROWS:-128} timeout 200 $BENCH --model qwen3-8b --workload nano --repeat ${LTAB_REPEAT:-2} \
             --json-out "$R/q8b_nano_lt.json" 2>&1 | grep -i "tok/s" | tail -3 ;;
+    ceoverlap) timeout 200 python3 benchmarks/bench_ce_overlap.py --chunks ${CE_CHUNKS:-1 4 8} > "$R/ce_overlap.txt" 2>&1; tail -12 "$R/ce_overlap.txt"
+               timeout 120 python3 benchmarks/bench_all_reduce.py --world 2 --nccl-mb 128 --json-out "$R/nccl_128.json" 2>&1 | tail -4 ;;
     topo) nvidia-smi topo -m | tee "$R/topo.txt" ;;
     tpfusednorm) MINIVLLM_FUSED_AR_NORM=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 \
                    --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_fused_norm.json" 2>&1 | tail -4 ;;
