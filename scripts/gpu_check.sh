@@ -12,7 +12,8 @@
 #   archeck: bench_all_reduce.py (plain and --fused-norm) with the abort flag read every 1024 and every 16 polls
 #   repeat: $REPEAT_TEST (a pytest node id or path with -k) $REPEAT_N times (default 10); keeps the logs of failing runs
 #   lazy: benchmarks/lazy_compiles.py on $LAZY_MODELS (default qwen3-0.6b): kernels compiled after start-up, first vs
-#         second pass of small scenarios, with a fresh Triton cache
+#         second pass of small scenarios, with a fresh Triton cache; $LAZY_ARGS adds arguments, e.g.
+#         LAZY_ARGS="--engine-arg tensor_parallel_size=2"
 #   ltab: Qwen3-8B nano ($LTAB_REPEAT runs, default 2) with the defaults, then with cuBLASLt for the 17-$LT_MAX_ROWS-row
 #         decode graphs (MINIVLLM_CUBLASLT_MAX_ROWS, default 128), and its GPU test
 #   ceoverlap: bench_ce_overlap.py (2 GPUs): copy-engine all-reduce of prefill partials, alone and overlapping the
@@ -109,7 +110,7 @@ for s in $sections; do
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
     serve8b) timeout 400 bash scripts/serve_bench.sh "$R" qwen3-8b 2>&1 | tail -60 ;;
     lazy) for M in ${LAZY_MODELS:-qwen3-0.6b}; do timeout ${LAZY_TIMEOUT:-300} python3 benchmarks/lazy_compiles.py --model benchmarks/configs/$M \
-            --json-out "$R/lazy_$M.json" > "$R/lazy_$M.txt" 2>&1; grep -v "^  \[" "$R/lazy_$M.txt" | tail -14; done ;;
+            ${LAZY_ARGS:-} --json-out "$R/lazy_$M.json" > "$R/lazy_$M.txt" 2>&1; grep -v "^  \[" "$R/lazy_$M.txt" | tail -14; done ;;
     ltab) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py -k cublaslt > "$R/ltab_test.log" 2>&1; tail -3 "$R/ltab_test.log"
           timeout 200 $BENCH --model qwen3-8b --workload nano --repeat ${LTAB_REPEAT:-2} --json-out "$R/q8b_nano_ltbase.json" 2>&1 | grep -i "tok/s" | tail -3
           MINIVLLM_CUBLASLT_MAX_ROWS=${LT_MAX_ROWS:-128} timeout 200 $BENCH --model qwen3-8b --workload nano --repeat ${LTAB_REPEAT:-2} \

@@ -225,3 +225,16 @@ def test_mixed_batch_tp2_equals_tp1(engines, which, monkeypatch):
         assert ("logprobs" in got) == ("logprobs" in exp)
         for a, b in zip(got.get("logprobs", []), exp.get("logprobs", []), strict=True):
             assert a.keys() == b.keys() and all(abs(a[t] - b[t]) < 1e-4 for t in a)
+
+
+def test_sharded_sampling_needs_a_device_that_runs_triton(monkeypatch):
+    from minivllm.layers.sharded_sampling import sharded_sampling_enabled
+
+    monkeypatch.delenv("MINIVLLM_TP_SHARDED_SAMPLING", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert sharded_sampling_enabled(torch.device("cuda", 0))
+    assert not sharded_sampling_enabled(torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert sharded_sampling_enabled(torch.device("cpu"))
+    monkeypatch.setenv("MINIVLLM_TP_SHARDED_SAMPLING", "0")
+    assert not sharded_sampling_enabled(torch.device("cuda", 0))

@@ -291,3 +291,28 @@ def test_overlap_switches_reject_bad_values(monkeypatch):
         monkeypatch.setenv("MINIVLLM_TP_OVERLAP_CHUNKS", bad)
         with pytest.raises(ValueError, match="MINIVLLM_TP_OVERLAP_CHUNKS must be a slice count"):
             overlap_chunks()
+
+
+def test_tp2_on_cpu_without_the_triton_interpreter(tiny_tied_model):
+    """A user's CPU run (no ``TRITON_INTERPRET``, which the tests otherwise set): TP=2 starts, samples through
+    the gathered logits (the sharded path's kernels are Triton's) and gives TP=1's greedy tokens. Before the
+    fix, a worker died in its first greedy step."""
+    code = f"""
+import json, torch
+from minivllm import LLM, SamplingParams
+torch.set_num_threads(1)
+greedy = SamplingParams(temperature=0, ignore_eos=True, max_tokens=8)
+prompts = {PROMPTS[:3]!r}
+out = {{}}
+for tp in (1, 2):
+    with LLM({tiny_tied_model!r}, device="cpu", dtype="float32", tensor_parallel_size=tp) as llm:
+        assert llm.executor.runner.sharded_sampling is False
+        out[tp] = [o["token_ids"] for o in llm.generate(prompts, greedy, use_tqdm=False)]
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["2"] == out["1"] and len(out["1"]) == 3 and all(len(t) == 8 for t in out["1"])

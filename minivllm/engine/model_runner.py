@@ -78,7 +78,7 @@ class ModelRunner:
         self.vocab_size = mc.vocab_size
         # tensor parallel: every rank can sample its slice; rank 0 decides per step (prepare_inputs)
         self.shard_sampler = ShardedSampler(self.model.lm_head, self.device) if self.tp_group is not None else None
-        self.sharded_sampling = self.shard_sampler is not None and sharded_sampling_enabled()
+        self.sharded_sampling = self.shard_sampler is not None and sharded_sampling_enabled(self.device)
         self.num_sharded_steps = 0  # rank 0's steps sampled sharded (a check for tests and benchmarks)
         self.eos_token_ids = list(mc.eos_token_ids)
         self.graph_runner = None

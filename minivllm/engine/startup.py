@@ -107,7 +107,7 @@ def warm_sampling(runner) -> None:
     Triton kernels compile at start-up rather than in a user's first steps (~0.6 s each on a GPU; on the
     CPU this only checks the paths)."""
     hidden = torch.zeros(2, runner.config.model_config.hidden_size, dtype=runner.dtype, device=runner.device)
-    if runner.shard_sampler is not None:
+    if runner.sharded_sampling:  # NOTE: rank 0 decides from its own flag; every rank has the same
         shard = runner.model.compute_logits(hidden, gather=False)  # [2, per_rank]
         for temps in ((0.0, 0.0), (0.6, 0.0)):  # all greedy (no noise), then noisy
             runner.shard_sampler(shard, np.asarray(temps, dtype=np.float32))

@@ -20,6 +20,7 @@ NOTE: every rank runs the same collectives in the same order, from the same host
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,11 +32,14 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.utils.env import env_switch
 
 
-def sharded_sampling_enabled() -> bool:
+def sharded_sampling_enabled(device: torch.device) -> bool:
     """Tensor-parallel steps that qualify sample each vocabulary slice where it lies (``MINIVLLM_TP_SHARDED_SAMPLING=0``
     turns it off). 2 x H200, Qwen3-8B TP=2 (2026-11-23): 14,527 -> 14,813 tok/s on the 256-request workload.
-    """
-    return env_switch("MINIVLLM_TP_SHARDED_SAMPLING", True)
+
+    NOTE: its kernels are Triton's, so on the CPU only under ``TRITON_INTERPRET=1`` (else every step gathers the
+    logits to rank 0 and samples there)."""
+    runs_triton = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return env_switch("MINIVLLM_TP_SHARDED_SAMPLING", True) and runs_triton
 
 
 def sharded_temperatures(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,
