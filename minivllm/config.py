@@ -6,6 +6,8 @@ No file I/O happens here: ``minivllm.utils.hf_config.load_model_config`` reads a
 
 from __future__ import annotations
 
+import numbers
+import os
 from dataclasses import dataclass, field, fields
 
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -82,6 +84,7 @@ class Config:
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        _check_types(self)
         mc = self.model_config
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
@@ -130,8 +133,6 @@ class Config:
             raise ValueError(f"load_format must be 'auto', 'safetensors' or 'dummy', got {self.load_format!r}")
         if self.async_scheduling is None:
             self.async_scheduling = self.device != "cpu"
-        if not isinstance(self.async_scheduling, bool):
-            raise ValueError(f"async_scheduling must be True, False or None, got {self.async_scheduling!r}")
         if self.attention_backend is None:
             self.attention_backend = "torch" if self.device == "cpu" else "triton"
         if self.attention_backend not in ("torch", "triton"):
@@ -151,7 +152,48 @@ class Config:
 
         if kwargs.get("device") is None:
             kwargs["device"] = _default_device()
-        return cls(model=model, model_config=load_model_config(model), **kwargs)
+        model = os.fspath(model)  # NOTE: a pathlib.Path is fine
+        config = cls(model=model, model_config=load_model_config(model), **kwargs)
+        _check_gpus(config.device, config.tensor_parallel_size)
+        return config
+
+
+# NOTE: the annotations are strings (``from __future__ import annotations``); a field whose type is not
+# listed here (model_config, rope_scaling, ...) is not checked
+_SCALARS = {"int": numbers.Integral, "float": numbers.Real, "bool": bool, "str": str}
+
+
+def _check_types(config: Config) -> None:
+    """A clear error for an engine argument of the wrong type (``tensor_parallel_size="2"``), before any
+    comparison raises a confusing one. bool is not accepted as a number."""
+    for f in fields(config):
+        name, _, optional = str(f.type).partition(" | ")
+        if name not in _SCALARS or optional not in ("", "None"):
+            continue
+        value = getattr(config, f.name)
+        if value is None and optional:
+            continue
+        ok = isinstance(value, _SCALARS[name]) and (name == "bool" or not isinstance(value, bool))
+        if not ok:
+            want = f"{'an' if name == 'int' else 'a'} {name}" + (" or None" if optional else "")
+            raise ValueError(f"{f.name} must be {want}, got {value!r} ({type(value).__name__})")
+
+
+def _check_gpus(device: str, tensor_parallel_size: int) -> None:
+    """The GPUs that ``device`` and ``tensor_parallel_size`` ask for exist (ranks use ``cuda:index + rank``)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}, but torch {torch.__version__} sees no CUDA GPU (a CPU-only build "
+                         "or no driver): use device='cpu'")
+    first = int(device.split(":")[1]) if ":" in device else 0
+    count = torch.cuda.device_count()
+    if first + tensor_parallel_size > count:
+        need = f"GPUs {first}..{first + tensor_parallel_size - 1}" if tensor_parallel_size > 1 else f"GPU {first}"
+        raise ValueError(f"device={device!r} with tensor_parallel_size={tensor_parallel_size} needs {need}, "
+                         f"but torch sees {count} GPU{'s' if count != 1 else ''}")
 
 
 def _default_device() -> str:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import read_config
 from minivllm import LLM, SamplingParams
@@ -70,12 +71,48 @@ def test_unknown_engine_argument_is_a_type_error(tiny_tied_model):
     (dict(dtype="int8"), "dtype"),
     (dict(tensor_parallel_size=3), "divisible"),
     (dict(num_kvcache_blocks=0), "num_kvcache_blocks"),
-    (dict(async_scheduling="yes"), "async_scheduling must be True, False or None"),
+    (dict(async_scheduling="yes"), r"async_scheduling must be a bool or None, got 'yes' \(str\)"),
+    (dict(tensor_parallel_size="2"), r"tensor_parallel_size must be an int, got '2' \(str\)"),
+    (dict(max_num_seqs=2.5), r"max_num_seqs must be an int, got 2.5 \(float\)"),
+    (dict(max_model_len=True), r"max_model_len must be an int or None, got True \(bool\)"),
+    (dict(gpu_memory_utilization="0.5"), "gpu_memory_utilization must be a float"),
+    (dict(enforce_eager=1), r"enforce_eager must be a bool, got 1 \(int\)"),
+    (dict(device=None), "device must be a str"),
 ])
 def test_config_validation(kwargs, match):
     mc = ModelConfig("Qwen3ForCausalLM", 100, 64, 128, 2, 4, 2, 16, max_position_embeddings=1024)
     with pytest.raises(ValueError, match=match):
         Config(model="x", model_config=mc, **{"device": "cpu", **kwargs})
+
+
+def test_config_accepts_numpy_ints_and_int_floats():
+    import numpy as np
+
+    mc = ModelConfig("Qwen3ForCausalLM", 100, 64, 128, 2, 4, 2, 16, max_position_embeddings=1024)
+    cfg = Config(model="x", model_config=mc, device="cpu", max_num_seqs=np.int64(8), gpu_memory_utilization=1)
+    assert cfg.max_num_seqs == 8 and cfg.gpu_memory_utilization == 1
+
+
+@pytest.mark.parametrize("cuda, count, kwargs, match", [
+    (False, 0, dict(device="cuda"), "sees no CUDA GPU"),
+    (True, 1, dict(device="cuda", tensor_parallel_size=2), r"needs GPUs 0\.\.1, but torch sees 1 GPU$"),
+    (True, 2, dict(device="cuda:1", tensor_parallel_size=2), r"needs GPUs 1\.\.2, but torch sees 2 GPUs"),
+    (True, 1, dict(device="cuda:1"), r"needs GPU 1, but torch sees 1 GPU"),
+])
+def test_missing_gpus_are_a_clear_error(tiny_tied_model, monkeypatch, cuda, count, kwargs, match):
+    """Asked-for GPUs that torch cannot see: a ValueError from ``LLM`` before any process starts (it was an
+    AttributeError from inside torch on a CPU-only build)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    with pytest.raises(ValueError, match=match):
+        LLM(tiny_tied_model, **kwargs)
+
+
+def test_model_may_be_a_path(tiny_tied_model):
+    from pathlib import Path
+
+    with LLM(Path(tiny_tied_model), device="cpu", max_model_len=128) as llm:
+        assert llm.config.model == tiny_tied_model
 
 
 @pytest.mark.parametrize("device, expected", [("cpu", False), ("cuda", True)])
