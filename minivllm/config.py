@@ -137,6 +137,9 @@ class Config:
             self.attention_backend = "torch" if self.device == "cpu" else "triton"
         if self.attention_backend not in ("torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.attention_backend == "triton" and self.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, "
+                             "slow: for checking kernels); use attention_backend='torch'")
 
     @classmethod
     def engine_arg_names(cls) -> set[str]:

@@ -159,3 +159,22 @@ def test_ids_past_the_tokenizer_vocab_decode_to_nothing(llm):
     assert llm.decode([5, n, llm.config.model_config.vocab_size - 1, 6]) == llm.decode([5, 6])
     out = llm.generate([[5, 6, n + 1]], OK, use_tqdm=False)[0]  # such ids are valid prompt tokens
     assert len(out["token_ids"]) == 4 and isinstance(out["text"], str)
+
+
+def test_triton_on_the_cpu_needs_the_interpreter(monkeypatch):
+    """Triton kernels asked for on the CPU outside the interpreter: a clear error, not Triton's
+    "0 active drivers" from inside the first step."""
+    from minivllm.layers.sampler import fused_sampler_enabled
+
+    mc = ModelConfig("Qwen3ForCausalLM", 100, 64, 128, 2, 4, 2, 16, max_position_embeddings=1024)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="attention_backend='triton' on the CPU needs TRITON_INTERPRET=1"):
+        Config(model="x", model_config=mc, device="cpu", attention_backend="triton")
+    assert Config(model="x", model_config=mc, device="cpu").attention_backend == "torch"
+    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", "1")
+    with pytest.raises(ValueError, match="MINIVLLM_FUSED_SAMPLER=1 on the CPU needs TRITON_INTERPRET=1"):
+        fused_sampler_enabled(torch.device("cpu"))
+    assert fused_sampler_enabled(torch.device("cuda", 0))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert fused_sampler_enabled(torch.device("cpu"))
+    assert Config(model="x", model_config=mc, device="cpu", attention_backend="triton").attention_backend == "triton"

@@ -108,7 +108,10 @@ def fused_sampler_enabled(device: torch.device) -> bool:
     unset: on CUDA only."""
     if os.environ.get("MINIVLLM_FUSED_SAMPLER") is None:
         return device.type == "cuda"
-    return env_switch("MINIVLLM_FUSED_SAMPLER", False)
+    fused = env_switch("MINIVLLM_FUSED_SAMPLER", False)
+    if fused and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("MINIVLLM_FUSED_SAMPLER=1 on the CPU needs TRITON_INTERPRET=1 (its kernel is Triton's)")
+    return fused
 
 
 class Sampler(nn.Module):
