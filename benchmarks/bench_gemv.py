@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from graph_timing import time_in_graph  # noqa: E402
 
-from minivllm.kernels.gemv import gemv, parse_config  # noqa: E402
+from minivllm.kernels.gemv import gemv  # noqa: E402
+from minivllm.kernels.gemv_config import parse_config  # noqa: E402
 
 
 def shapes(hidden: int, heads: int, kv_heads: int, inter: int, tp: int, head_dim: int = 128,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.kernels.gemv import MAX_BLOCK_M, VARIANTS, block_m, gemv, gemv_config, max_rows, parse_config
+from minivllm.kernels.gemv import gemv
+from minivllm.kernels.gemv_config import MAX_BLOCK_M, VARIANTS, block_m, gemv_config, max_rows, parse_config
 
 pytestmark = pytest.mark.triton
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

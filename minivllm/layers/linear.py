@@ -21,7 +21,8 @@ _HAS_TRITON = importlib.util.find_spec("triton") is not None
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear``, or the Triton GEMV for the few-row inputs of decoding on GPUs (``kernels/gemv.py``)."""
     if _HAS_TRITON and x.is_cuda:
-        from minivllm.kernels.gemv import gemv, use_gemv  # NOTE: here: triton is an optional dependency
+        from minivllm.kernels.gemv import gemv  # NOTE: here: triton is an optional dependency
+        from minivllm.kernels.gemv_config import use_gemv
 
         if use_gemv(x, weight):
             return gemv(x, weight, bias)

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minivllm.kernels.gemv import MAX_ROWS, MIN_WEIGHT_NUMEL, gemv, use_gemv
+from minivllm.kernels.gemv import gemv
+from minivllm.kernels.gemv_config import MAX_ROWS, MIN_WEIGHT_NUMEL, use_gemv
 from tests.kernel_checks import rel_err
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
