@@ -209,7 +209,7 @@ def test_fits_and_clear_errors():
 
 def test_switch_and_max_bytes(monkeypatch):
     from minivllm.utils.custom_all_reduce import DEFAULT_CAPACITY, default_max_bytes
-    from minivllm.utils.parallel import custom_all_reduce_enabled
+    from minivllm.utils.tp_switches import custom_all_reduce_enabled
 
     monkeypatch.delenv("MINIVLLM_CUSTOM_AR", raising=False)
     monkeypatch.delenv("MINIVLLM_CUSTOM_AR_MAX_KB", raising=False)
@@ -225,7 +225,7 @@ def test_switch_and_max_bytes(monkeypatch):
 
 
 def test_fused_all_reduce_norm_switch(monkeypatch):
-    from minivllm.utils.parallel import fused_all_reduce_norm_enabled
+    from minivllm.utils.tp_switches import fused_all_reduce_norm_enabled
 
     monkeypatch.delenv("MINIVLLM_FUSED_AR_NORM", raising=False)
     assert fused_all_reduce_norm_enabled()  # on by default (measured on 2 x H200, 2026-11-23)

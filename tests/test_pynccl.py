@@ -3,7 +3,7 @@
 import pytest
 
 from minivllm.utils import pynccl
-from minivllm.utils.parallel import nccl_comm_kind, tp_cuda_graphs_enabled
+from minivllm.utils.tp_switches import nccl_comm_kind, tp_cuda_graphs_enabled
 
 
 def test_missing_library_gives_a_clear_error(monkeypatch):

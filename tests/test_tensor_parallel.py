@@ -278,7 +278,7 @@ def test_debug_skip_tp_sums(skip, monkeypatch):
 def test_overlap_switches_reject_bad_values(monkeypatch):
     """The overlapped row sums' settings: defaults (off, 4 slices), and a clear error for a bad value."""
     from minivllm.layers.overlapped_linear import overlap_chunks
-    from minivllm.utils.parallel import overlap_min_rows
+    from minivllm.utils.tp_switches import overlap_min_rows
 
     monkeypatch.delenv("MINIVLLM_TP_OVERLAP_MIN_ROWS", raising=False)
     monkeypatch.delenv("MINIVLLM_TP_OVERLAP_CHUNKS", raising=False)

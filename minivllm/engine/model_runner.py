@@ -34,7 +34,8 @@ from minivllm.layers.sampling_metadata import build_sampling_metadata, seeded_ke
 from minivllm.layers.sharded_sampling import ShardedSampler, sharded_sampling_enabled, sharded_temperatures
 from minivllm.models.loader import init_dummy_weights, load_weights
 from minivllm.models.registry import get_model_class
-from minivllm.utils.parallel import TPGroup, tp_cuda_graphs_enabled, tp_group_context
+from minivllm.utils.parallel import TPGroup, tp_group_context
+from minivllm.utils.tp_switches import tp_cuda_graphs_enabled
 
 logger = logging.getLogger(__name__)
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

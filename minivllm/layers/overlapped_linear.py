@@ -6,7 +6,7 @@ each on 2 x H200 (~20% of the step), while the GPU's tensor cores wait. Here the
 side stream, so only the last slice's sum is exposed. Sums are elementwise, so the result is the
 one of the whole-tensor all-reduce.
 
-``MINIVLLM_TP_OVERLAP_MIN_ROWS`` (``utils.parallel.overlap_min_rows``; 0, the default: off) is the
+``MINIVLLM_TP_OVERLAP_MIN_ROWS`` (``utils.tp_switches.overlap_min_rows``; 0, the default: off) is the
 fewest rows that take this path and ``MINIVLLM_TP_OVERLAP_CHUNKS`` (default 4) the slice count. Both
 ranks decide from the row count alone, so they always agree. Never inside a CUDA graph capture
 (decode steps keep their one-shot kernels).

@@ -16,7 +16,8 @@ from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minivllm.layers.rotary import RotaryEmbedding
-from minivllm.utils.parallel import fused_all_reduce_norm_enabled, tp_size
+from minivllm.utils.parallel import tp_size
+from minivllm.utils.tp_switches import fused_all_reduce_norm_enabled
 
 
 class DecoderAttention(nn.Module):

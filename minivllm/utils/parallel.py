@@ -19,7 +19,8 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from minivllm.utils.env import env_int, env_switch
+from minivllm.utils.env import env_switch
+from minivllm.utils.tp_switches import custom_all_reduce_enabled, nccl_comm_kind, overlap_min_rows
 
 # Collective timeout. NOTE: dead workers are detected by the executor's monitor long before
 # this; the timeout only ends waits on a peer that is alive but stuck.
@@ -28,45 +29,6 @@ DEFAULT_TIMEOUT_S = float(os.environ.get("MINIVLLM_TP_TIMEOUT_S", "300"))
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 _current: TPGroup | None = None
 _live: weakref.WeakValueDictionary[str, TPGroup] = weakref.WeakValueDictionary()
-
-
-def nccl_comm_kind() -> str:
-    """Which NCCL path GPU groups use: ``pynccl`` (ctypes, current stream) or ``c10d`` (ProcessGroupNCCL).
-
-    ``MINIVLLM_TP_COMM`` picks one; pynccl is the default since it ran TP=2 with CUDA graphs on 2 H200s
-    (2026-11-22; c10d collectives captured in graphs did not finish there).
-    """
-    kind = os.environ.get("MINIVLLM_TP_COMM", "pynccl")
-    if kind not in ("pynccl", "c10d"):
-        raise ValueError(f"MINIVLLM_TP_COMM must be 'pynccl' or 'c10d', not {kind!r}")
-    return kind
-
-
-def tp_cuda_graphs_enabled() -> bool:
-    """CUDA graphs with tensor parallelism: on with the pynccl path, off with c10d (stalled on 2 H200s).
-
-    ``MINIVLLM_TP_CUDA_GRAPHS=1`` / ``0`` forces them on / off (to debug the NCCL-in-graph path).
-    """
-    forced = os.environ.get("MINIVLLM_TP_CUDA_GRAPHS")
-    return forced == "1" if forced in ("0", "1") else nccl_comm_kind() == "pynccl"
-
-
-def custom_all_reduce_enabled() -> bool:
-    """The one-shot all-reduce kernel for small sums on GPUs (pynccl path); ``MINIVLLM_CUSTOM_AR=0`` turns it off."""
-    return env_switch("MINIVLLM_CUSTOM_AR", True)
-
-
-def fused_all_reduce_norm_enabled() -> bool:
-    """Tensor-parallel models sum a row-parallel layer's output inside the next RMSNorm (one kernel with the
-    custom all-reduce, for up to ``MINIVLLM_FUSED_AR_NORM_MAX_ROWS`` rows); ``MINIVLLM_FUSED_AR_NORM=0`` turns
-    it off. 2 x H200, Qwen3-8B TP=2 (2026-11-23, with PDL): one request 3.43 -> 3.34 ms/token."""
-    return env_switch("MINIVLLM_FUSED_AR_NORM", True)
-
-
-def overlap_min_rows() -> int:
-    """``MINIVLLM_TP_OVERLAP_MIN_ROWS``: the fewest rows whose row-parallel sum overlaps the matmul in slices
-    (``layers/overlapped_linear.py``; 0, the default: never)."""
-    return env_int("MINIVLLM_TP_OVERLAP_MIN_ROWS", 0, what="a row count")
 
 
 def _options(cls):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.utils.parallel import custom_all_reduce_enabled, tp_cuda_graphs_enabled
+from minivllm.utils.tp_switches import custom_all_reduce_enabled, tp_cuda_graphs_enabled
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
