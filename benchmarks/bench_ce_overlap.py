@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--iters", type=int, default=10)
     args = p.parse_args(argv)
+    if args.rows < 2 or args.hidden < 1 or args.iters < 1 or min(args.k) < 1 or min(args.chunks) < 1:
+        p.error("--rows must be >= 2, and --hidden, --k, --chunks and --iters >= 1")
+    if max(args.chunks) > args.rows // 2:
+        p.error(f"--chunks must be at most --rows / 2 ({args.rows // 2}): each slice is split between the GPUs")
     if torch.cuda.device_count() < 2:
         print("bench_ce_overlap.py needs 2 CUDA GPUs; nothing to do on this machine.")
         return 0

@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
+from minivllm.entrypoints.bench import common  # noqa: E402 - imports neither torch nor triton
+
 
 def scenarios(vocab: int, long_len: int, ids_seed: int):
     """(name, prompts, SamplingParams kwargs); prompts are token ids. Lengths are the same for every
@@ -51,10 +53,8 @@ def scenarios(vocab: int, long_len: int, ids_seed: int):
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="benchmarks/configs/qwen3-0.6b")
     p.add_argument("--keep-cache", action="store_true", help="use the existing Triton cache directory")
-    p.add_argument("--json-out", default=None)
-    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
+    common.add_engine_args(p)  # --model (a shipped name or folder: dummy weights), engine flags, --engine-arg
     args = p.parse_args(argv)
     if not args.keep_cache:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-lazy-")
@@ -71,15 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
         return False  # NOTE: a true value would skip the compile
 
     knobs.runtime.jit_cache_hook = hook
-    kw = {"load_format": "dummy", "max_model_len": 24576}
-    for item in args.engine_arg:
-        k, _, v = item.partition("=")
-        try:
-            kw[k] = json.loads(v)  # numbers, true / false, lists
-        except ValueError:
-            kw[k] = v
+    path, kw = common.engine_kwargs(args, max_model_len=24576)
     t0 = time.perf_counter()
-    llm = LLM(args.model, **kw)
+    llm = LLM(path, **kw)
     startup_s = time.perf_counter() - t0
     cache_dir = os.environ.get("TRITON_CACHE_DIR")
     cached_at_start = cache_kernels(cache_dir)
