@@ -18,6 +18,9 @@
 #         decode graphs (MINIVLLM_CUBLASLT_MAX_ROWS, default 128), and its GPU test
 #   ceoverlap: bench_ce_overlap.py (2 GPUs): copy-engine all-reduce of prefill partials, alone and overlapping the
 #              row-parallel matmuls in $CE_CHUNKS slices (default "1 4 8"); then NCCL alone at 128 MB
+#   proxy: the nano workload on $PROXY_MODELS (default qwen3-8b-tp2-rank: one rank's shapes of Qwen3-8B at TP=2, on one GPU)
+#   proxyprofile: profile_step.py decode steps of $PROXY_ROWS rows on $PROXY_MODEL (default qwen3-8b-tp2-rank)
+#   attnmid: decode attention at 16-128 rows ($ATTN_HEADS, default TP=2 shapes of Qwen3-8B), unified vs split-KV factors
 #   sessiontests: the TP, PDL and custom all-reduce GPU tests
 #   tpvar: Qwen3-8B at TP=2 once per entry of $TP_VARIANTS, "name:VAR=value,VAR2=value" (name: alone = defaults),
 #          e.g. TP_VARIANTS="base: simple:NCCL_PROTO=Simple"; results in tp_8b_<name>.json
@@ -131,6 +134,13 @@ for s in $sections; do
               timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py \
                 -k "(pdl_and_fused or fused_all_reduce_norm or sharded) and not untied" > "$R/tp_new_tests.log" 2>&1
               tail -4 "$R/tp_new_tests.log" ;;
+    proxy) for M in ${PROXY_MODELS:-qwen3-8b-tp2-rank}; do timeout 240 $BENCH --model $M --workload nano --repeat ${PROXY_REPEAT:-2} \
+             --json-out "$R/nano_$M${PROXY_TAG:-}.json" 2>&1 | grep -iE "tok/s|error" | tail -3; done ;;
+    proxyprofile) timeout 240 python3 benchmarks/profile_step.py --model benchmarks/configs/${PROXY_MODEL:-qwen3-8b-tp2-rank} \
+                    --decode-rows ${PROXY_ROWS:-1 48 112 240} --decode-context 1000 > "$R/proxy_profile${PROXY_TAG:-}.txt" 2>&1
+                  grep -E "^## decode|wall" "$R/proxy_profile${PROXY_TAG:-}.txt" | head -20 ;;
+    attnmid) timeout 200 python3 benchmarks/bench_kernels.py --cuda-graph --heads ${ATTN_HEADS:-16 4 128} --block-sizes 256 \
+               --batches 16 32 48 64 96 128 --contexts 512 1024 --sweep-splits 2 3 4 6 8 > "$R/attn_mid.txt" 2>&1; tail -14 "$R/attn_mid.txt" ;;
     attn) timeout 200 python3 benchmarks/bench_kernels.py --cuda-graph --heads 16 4 128 --block-sizes 256 --batches 64 256 \
             --contexts 512 1024 2048 --configs 64x2x4 64x3x4 64x4x4 32x3x4 32x4x4 128x2x4 128x3x8 64x3x8 > "$R/attn_configs.txt" 2>&1
           tail -9 "$R/attn_configs.txt"
