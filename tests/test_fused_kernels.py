@@ -190,6 +190,44 @@ def test_qk_norm_rope_int32_positions_and_empty():
     assert e[0].shape == (0, 4, 32) and e[1].shape == (0, 2, 32)
 
 
+@pytest.mark.parametrize("cache_fp8", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,hq,hkv,hd,block_size", [(1, 4, 2, 16, 16), (7, 8, 1, 32, 4), (33, 4, 2, 64, 16)])
+def test_qk_norm_rope_kv_store_equals_store_kvcache(n, hq, hkv, hd, block_size, dtype, cache_fp8):
+    """``kv_store`` writes the cache bit for bit as ``store_kvcache`` after the in-place norm + RoPE does
+    (slots -1 skipped, every other cache slot untouched), and q / k exactly as without it."""
+    from minivllm.kernels.store_kvcache import store_kvcache
+
+    g = gen(n * 7 + hd)
+    qkv = randn(g, n, (hq + 2 * hkv) * hd, dtype=dtype, scale=2.0)  # [n, (hq + 2 hkv) hd]
+    positions = torch.randint(0, 4096, (n,), generator=g).to(DEV)
+    rope = RotaryEmbedding(hd, 4096, 1e6).to(DEV)
+    weights = [(1.0 + 0.3 * torch.randn(hd, generator=g)).to(device=DEV, dtype=dtype) for _ in range(2)]
+    num_blocks = (2 * n) // block_size + 2
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:n]
+    slots[1::3] = -1  # prefix-cache hits and padding: not stored
+    slots = slots.to(DEV)
+    cache_dtype = torch.float8_e4m3fn if cache_fp8 else dtype
+    caches = [torch.full((num_blocks, block_size, hkv, hd), 7.0, device=DEV).to(cache_dtype) for _ in range(2)]
+
+    def views(buf):
+        q, k, v = buf.split([hq * hd, hkv * hd, hkv * hd], dim=-1)
+        return q.view(n, hq, hd), k.view(n, hkv, hd), v.view(n, hkv, hd)
+
+    ref_buf, ref_caches = qkv.clone(), [c.clone() for c in caches]
+    rq, rk, rv = views(ref_buf)
+    qk_norm_rope(rq, rk, positions, rope.cos_sin_cache, *weights, eps=EPS, inplace=True)
+    store_kvcache(rk, rv, *ref_caches, slots)
+
+    q, k, v = views(qkv)
+    qk_norm_rope(q, k, positions, rope.cos_sin_cache, *weights, eps=EPS, inplace=True, kv_store=(v, *caches, slots))
+    assert torch.equal(qkv, ref_buf)
+    for got, want in zip(caches, ref_caches):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    written = (caches[0].float() != 7.0).flatten(2).any(-1).sum().item()  # (block, offset) slots written
+    assert 0 < written <= (slots >= 0).sum().item()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,d", ROWS)
 def test_silu_and_mul(n, d, dtype, poison):

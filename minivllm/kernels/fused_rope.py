@@ -12,6 +12,9 @@ Every torch op rounds to the dtype, so the kernel rounds each product and sum th
 Grid: ``(num_tokens, cdiv(hq, BLOCK_H) + cdiv(hkv, BLOCK_H))``; program ``(t, j)`` handles
 ``BLOCK_H`` heads of token ``t``, of q for the first ``cdiv(hq, BLOCK_H)`` values of ``j``,
 then of k. q/k may be strided views (e.g. of a fused qkv projection output).
+
+With ``kv_store`` the k programs also write their rotated k heads, and the same heads of v, to the
+paged KV cache at the token's slot (what ``store_kvcache`` does, one launch a layer fewer).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.pdl import pdl_options, pdl_wait
+from minivllm.kernels.reference import fp8_max
 
 
 @triton.jit
@@ -64,6 +68,33 @@ def _norm_rope_heads(
     po = dst + offs_h[:, None] * stride_oh + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
     tl.store(po, o1.to(dt), mask=mask)
     tl.store(po + HALF, o2.to(dt), mask=mask)
+    return o1, o2, offs_h, offs_d, mask
+
+
+@triton.jit
+def _store_heads_to_cache(
+    o1, o2,  # [BLOCK_H, BLOCK_HALF] float32 rotated k, both halves
+    v_src,  # pointer to v head 0 of this token (v has k's dtype)
+    kc, vc,  # pointers to this token's slot in the k / v cache (head 0)
+    offs_h, offs_d, mask, stride_vh, stride_ch,
+    HALF: tl.constexpr,
+    SAT: tl.constexpr,  # > 0: clamp to [-SAT, SAT] before the cast (FP8 e4m3 has no infinity)
+):
+    cdt = kc.dtype.element_ty
+    # NOTE: k is rounded to its own dtype first, as store_kvcache reads it from the qkv buffer
+    o1 = o1.to(v_src.dtype.element_ty).to(tl.float32)
+    o2 = o2.to(v_src.dtype.element_ty).to(tl.float32)
+    pv = v_src + offs_h[:, None] * stride_vh + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
+    v1 = tl.load(pv, mask=mask, other=0.0).to(tl.float32)
+    v2 = tl.load(pv + HALF, mask=mask, other=0.0).to(tl.float32)
+    if SAT > 0:
+        o1, o2 = tl.minimum(tl.maximum(o1, -SAT), SAT), tl.minimum(tl.maximum(o2, -SAT), SAT)
+        v1, v2 = tl.minimum(tl.maximum(v1, -SAT), SAT), tl.minimum(tl.maximum(v2, -SAT), SAT)
+    off = offs_h[:, None] * stride_ch + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
+    tl.store(kc + off, o1.to(cdt), mask=mask)
+    tl.store(kc + off + HALF, o2.to(cdt), mask=mask)
+    tl.store(vc + off, v1.to(cdt), mask=mask)
+    tl.store(vc + off + HALF, v2.to(cdt), mask=mask)
 
 
 @triton.jit
@@ -73,14 +104,21 @@ def _qk_norm_rope_kernel(
     pos_ptr,  # [n] int positions
     cache_ptr,  # [max_pos, hd] cos (first half) | sin (second half)
     qw_ptr, kw_ptr,  # [hd] q_norm / k_norm weights (unused without HAS_NORM)
+    v_ptr,  # [n, hkv, hd] (unused without STORE_KV)
+    k_cache_ptr, v_cache_ptr,  # [num_blocks, block_size, hkv, hd] (unused without STORE_KV)
+    slot_ptr,  # [n] int cache slots, -1 = do not store (unused without STORE_KV)
     stride_qt, stride_qh, stride_kt, stride_kh,
     stride_qot, stride_qoh, stride_kot, stride_koh,
+    stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
     stride_cache,
     num_q_heads, num_k_heads, eps,
     HALF: tl.constexpr,
     HAS_NORM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    STORE_KV: tl.constexpr,
+    CACHE_BLOCK: tl.constexpr,  # tokens per cache block
+    SAT: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
@@ -97,8 +135,15 @@ def _qk_norm_rope_kernel(
         _norm_rope_heads(q_ptr + t * stride_qt, qo_ptr + t * stride_qot, qw_ptr, cos, sin, j * BLOCK_H,
                          num_q_heads, stride_qh, stride_qoh, eps, HALF, HAS_NORM, BLOCK_H, BLOCK_HALF)
     else:
-        _norm_rope_heads(k_ptr + t * stride_kt, ko_ptr + t * stride_kot, kw_ptr, cos, sin, (j - q_blocks) * BLOCK_H,
-                         num_k_heads, stride_kh, stride_koh, eps, HALF, HAS_NORM, BLOCK_H, BLOCK_HALF)
+        o1, o2, offs_h, offs_d, mask = _norm_rope_heads(
+            k_ptr + t * stride_kt, ko_ptr + t * stride_kot, kw_ptr, cos, sin, (j - q_blocks) * BLOCK_H,
+            num_k_heads, stride_kh, stride_koh, eps, HALF, HAS_NORM, BLOCK_H, BLOCK_HALF)
+        if STORE_KV:
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+            if slot >= 0:
+                base = (slot // CACHE_BLOCK) * stride_cb + (slot % CACHE_BLOCK) * stride_cs
+                _store_heads_to_cache(o1, o2, v_ptr + t * stride_vt, k_cache_ptr + base, v_cache_ptr + base,
+                                      offs_h, offs_d, mask, stride_vh, stride_ch, HALF, SAT)
 
 
 def qk_norm_rope(
@@ -110,11 +155,14 @@ def qk_norm_rope(
     k_weight: torch.Tensor | None = None,  # [hd] k_norm weight (given iff q_weight is)
     eps: float = 1e-6,
     inplace: bool = False,
+    kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (q_out [n, hq, hd], k_out [n, hkv, hd])
     """Optional per-head RMSNorm of q and k, then rotate-half RoPE at ``positions``; one launch.
 
     ``inplace=False``: new contiguous outputs. ``inplace=True``: results are written into ``q``
     and ``k`` (e.g. into the qkv buffer) and those same views are returned.
+    ``kv_store=(v, k_cache, v_cache, slot_mapping)``: also write the rotated k and ``v`` [n, hkv, hd]
+    to the paged cache, as :func:`minivllm.kernels.store_kvcache.store_kvcache` does.
     """
     n, hq, hd = q.shape
     hkv = k.shape[1]
@@ -139,12 +187,23 @@ def qk_norm_rope(
     grid = (n, triton.cdiv(hq, block_h) + triton.cdiv(hkv, block_h))
     qw = q_weight if has_norm else cos_sin_cache  # NOTE: dummy pointers, never read without HAS_NORM
     kw = k_weight if has_norm else cos_sin_cache
+    if kv_store is not None:
+        v, k_cache, v_cache, slots = kv_store
+        assert v.shape == k.shape and v.dtype == k.dtype and v.stride(-1) == 1 and slots.shape == (n,)
+        assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (hkv, hd)
+        assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and k_cache.dtype == v_cache.dtype
+        cache_strides, sat = k_cache.stride()[:3], fp8_max(k_cache.dtype)
+    else:
+        v, k_cache, v_cache, slots = k, k, k, positions  # NOTE: dummy pointers, never read without STORE_KV
+        cache_strides, sat = (0, 0, 0), 0.0
     _qk_norm_rope_kernel[grid](
-        q, k, q_out, k_out, positions, cos_sin_cache, qw, kw,
+        q, k, q_out, k_out, positions, cos_sin_cache, qw, kw, v, k_cache, v_cache, slots,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+        v.stride(0), v.stride(1), *cache_strides,
         cos_sin_cache.stride(0), hq, hkv, eps,
         HALF=half, HAS_NORM=has_norm, BLOCK_H=block_h, BLOCK_HALF=block_half,
+        STORE_KV=kv_store is not None, CACHE_BLOCK=k_cache.shape[1] if kv_store is not None else 1, SAT=sat,
         num_warps=max(1, min(8, block_h * block_half // 128)), **pdl_options(q),
     )
     return q_out, k_out

@@ -18,8 +18,11 @@ def triton_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    store: bool = True,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+    """Store this step's K/V (unless ``store=False``: a fused kernel did), then attend."""
+    if store:
+        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
     if meta.is_decode:
         # NOTE: decode-only steps may run inside a CUDA graph: nothing here reads device values.
         return paged_decode(q, k_cache, v_cache, meta.context_lens, meta.block_tables, scale, meta.max_context_len)

@@ -7,6 +7,7 @@ from torch import nn
 
 from minivllm.kernels.reference import paged_attention_ref, paged_decode_torch, store_kvcache_ref
 from minivllm.layers.attention_metadata import AttentionMetadata
+from minivllm.utils.env import env_switch
 
 
 class Attention(nn.Module):
@@ -21,14 +22,28 @@ class Attention(nn.Module):
         self.backend = backend
         self.k_cache = self.v_cache = torch.tensor([])
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """q: [n, heads, head_dim], k/v: [n, kv_heads, head_dim] -> [n, heads, head_dim]."""
+    def kv_store_args(self, v: torch.Tensor, meta: AttentionMetadata) -> tuple | None:
+        """``(v, k_cache, v_cache, slot_mapping)`` for a kernel that stores this step's K/V itself (the
+        fused q/k norm + RoPE), or None where the Triton backend or the cache is missing, or with
+        ``MINIVLLM_FUSED_KV_STORE=0``."""
+        if self.backend != "triton" or self.k_cache.numel() == 0 or not env_switch("MINIVLLM_FUSED_KV_STORE", True):
+            return None
+        return v, self.k_cache, self.v_cache, meta.slot_mapping
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
+                kv_stored: bool = False) -> torch.Tensor:
+        """q: [n, heads, head_dim], k/v: [n, kv_heads, head_dim] -> [n, heads, head_dim].
+
+        ``kv_stored``: k and v are already in the cache (given to the kernel :meth:`kv_store_args` feeds).
+        """
         if self.k_cache.numel() == 0:
             raise RuntimeError("the KV cache is not allocated")
         if self.backend == "triton":
             from minivllm.kernels.triton_backend import triton_attention
 
-            return triton_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+            return triton_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale, store=not kv_stored)
+        if kv_stored:
+            raise ValueError("kv_stored needs the triton backend")
         store_kvcache_ref(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         if meta.is_decode and meta.context_lens_cpu:
             return paged_decode_torch(q, self.k_cache, self.v_cache, meta.context_lens_cpu, meta.block_tables,

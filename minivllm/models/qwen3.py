@@ -45,17 +45,21 @@ class DecoderAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)  # [n, heads, head_dim]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [n, kv_heads, head_dim]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.fused:  # one kernel: per-head q/k RMSNorm + RoPE, in place in the qkv buffer
+        kv_stored = False
+        if self.fused:  # one kernel: per-head q/k RMSNorm + RoPE in place in the qkv buffer, k and v to the cache
             from minivllm.kernels.fused_rope import qk_norm_rope
 
             qw, kw = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
             eps = self.q_norm.eps if self.qk_norm else 1e-6
-            q, k = qk_norm_rope(q, k, positions, self.rotary_emb.cos_sin_cache, qw, kw, eps, inplace=True)
+            kv_store = self.attn.kv_store_args(v, meta)
+            q, k = qk_norm_rope(q, k, positions, self.rotary_emb.cos_sin_cache, qw, kw, eps, inplace=True,
+                                kv_store=kv_store)
+            kv_stored = kv_store is not None
         else:
             if self.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self.rotary_emb(positions, q, k)
-        o = self.attn(q, k, v, meta)  # [n, heads, head_dim]
+        o = self.attn(q, k, v, meta, kv_stored=kv_stored)  # [n, heads, head_dim]
         return self.o_proj(o.flatten(1, 2))
 
 
@@ -67,7 +71,10 @@ class MLP(nn.Module):
         self.act_fn = SiluAndMul(fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        h = self.gate_up_proj(x)  # [n, 2 * intermediate / tp]
+        if self.down_proj.takes_silu_mul(h):  # the activation inside the down projection's GEMV
+            return self.down_proj(h, silu_mul=True)
+        return self.down_proj(self.act_fn(h))
 
 
 class DecoderLayer(nn.Module):
