@@ -1,15 +1,15 @@
-"""Two fused decode kernels against the pairs of launches they replace (GPU, CUDA-graph replays).
+"""The fused K/V store against the pair of launches it replaces (GPU, CUDA-graph replays).
 
     python benchmarks/bench_fusions.py [--rows 1 4 16 48 240]
 
-- ``silu_and_mul`` then the down projection's GEMV, against ``gemv(..., silu_mul=True)`` (rows the GEMV
-  takes, at most ``MINIVLLM_GEMV_MAX_ROWS``), at Qwen3-8B's shapes for TP=1 and TP=2.
-- ``qk_norm_rope`` then ``store_kvcache``, against ``qk_norm_rope(..., kv_store=...)``, at Qwen3-8B's
-  head counts for TP=1 (32/8) and TP=2 (16/4).
+``qk_norm_rope`` then ``store_kvcache``, against ``qk_norm_rope(..., kv_store=...)``, at Qwen3-8B's head
+counts for TP=1 (32/8) and TP=2 (16/4). Each cell is the median of ``triton.testing.do_bench_cudagraph``
+over 20 back-to-back calls in one graph (so launch gaps count, as in a decode graph), divided by 20:
+microseconds per call. PDL as the engine uses it (on for batches up to ``MINIVLLM_PDL_MAX_ROWS`` rows).
 
-Each cell is the median of ``triton.testing.do_bench_cudagraph`` over 20 back-to-back calls in one graph
-(so launch gaps count, as in a decode graph), divided by 20: microseconds per call. PDL as the engine
-uses it (on for batches up to ``MINIVLLM_PDL_MAX_ROWS`` rows).
+NOTE: a SiLU-and-mul computed inside the down projection's GEMV was timed here too (H200, 2026-11-23): 0.3 us
+faster at one row and TP=1, 0.7 us slower at TP=2, and 3-7x slower at 4-16 rows (the MMA kernel's pipelined
+loads), so it was dropped (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -46,10 +46,7 @@ def main() -> int:
         print("bench_fusions.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
 
-    from minivllm.kernels.fused_act import silu_and_mul
     from minivllm.kernels.fused_rope import qk_norm_rope
-    from minivllm.kernels.gemv import gemv
-    from minivllm.kernels.gemv_config import MAX_ROWS
     from minivllm.kernels.pdl import pdl_for_rows
     from minivllm.kernels.store_kvcache import store_kvcache
     from minivllm.layers.rotary import RotaryEmbedding
@@ -57,15 +54,6 @@ def main() -> int:
     bf16 = torch.bfloat16
     print(f"# {torch.cuda.get_device_name()}, bf16, microseconds per call (CUDA graph of {REPS} calls)")
     print(f"{'pair':<34} {'rows':>5} | {'two kernels':>11} {'fused':>8} {'saved':>7}")
-    for tp in (1, 2):
-        inter = 12288 // tp
-        w = torch.randn(4096, inter, device="cuda", dtype=bf16) / inter**0.5  # down_proj [hidden, inter / tp]
-        for m in (r for r in args.rows if r <= MAX_ROWS):
-            h = torch.randn(m, 2 * inter, device="cuda", dtype=bf16)  # [m, 2 * inter / tp] gate | up
-            with pdl_for_rows(m):
-                two = per_call_us(lambda h=h, w=w: gemv(silu_and_mul(h), w))
-                one = per_call_us(lambda h=h, w=w: gemv(h, w, silu_mul=True))
-            print(f"{f'SiLU-and-mul + down GEMV, TP={tp}':<34} {m:>5} | {two:>11.2f} {one:>8.2f} {two - one:>7.2f}")
     rope = RotaryEmbedding(128, 8192, 1e6).cuda()
     for tp in (1, 2):
         hq, hkv, hd, bs = 32 // tp, 8 // tp, 128, 256

@@ -40,17 +40,17 @@ KERNELS = [
     *[(f"all-reduce + add + RMSNorm, {w} ranks, wait ring {ring}{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_add_rms_norm_kernel,
        NORM_SIG, {"RANK": 1, "WORLD": w, "BLOCK_D": 4096, "ROWS": 2, "CHECK_EVERY": 1024, "WAIT_RING": ring, "TIMED_ABORT": pdl, "USE_PDL": pdl})
       for w in (2, 4) for ring, pdl in ((0, False), (64, True))],
-    *[(f"GEMV, {bm}-row tile{', SWAP_AB' if swap else ''}{', SiLU-and-mul input' if act else ''} (PDL)", gemv._gemv_kernel,
+    *[(f"GEMV, {bm}-row tile{', SWAP_AB' if swap else ''} (PDL)", gemv._gemv_kernel,
        {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
         "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
        {"HAS_BIAS": False, "DOT_F32": False, "BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 256 if bm <= 64 else 128,
-        "NUM_STAGES": 4, "SWAP_AB": swap, "SILU_MUL": act, "USE_PDL": True})
-      for bm, swap, act in ((16, False, False), (128, False, False), (16, True, False), (16, False, True))],
-    *[(f"GEMV, one row, FMA, {bn}x{bk}{', SiLU-and-mul input' if act else ''} (PDL)", gemv._gemv_fma_kernel,
+        "NUM_STAGES": 4, "SWAP_AB": swap, "USE_PDL": True})
+      for bm, swap in ((16, False), (128, False), (16, True))],
+    *[(f"GEMV, one row, FMA, {bn}x{bk} (PDL)", gemv._gemv_fma_kernel,
        {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32",
         "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
-       {"HAS_BIAS": True, "BLOCK_N": bn, "BLOCK_K": bk, "NUM_STAGES": st, "SILU_MUL": act, "USE_PDL": True})
-      for bn, bk, st, act in ((8, 256, 6, False), (16, 256, 4, False), (16, 512, 3, False), (8, 256, 6, True))],
+       {"HAS_BIAS": True, "BLOCK_N": bn, "BLOCK_K": bk, "NUM_STAGES": st, "USE_PDL": True})
+      for bn, bk, st in ((8, 256, 6), (16, 256, 4), (16, 512, 3))],
     ("GEMV, TMA tiles, SWAP_AB (PDL)", gemv._gemv_tma_kernel,
      {"x_desc": "tensordesc<bf16[16,128]>", "w_desc": "tensordesc<bf16[64,128]>", "bias_ptr": "*bf16",
       "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32"},

@@ -71,31 +71,10 @@ def test_gemv_configs_and_max_rows_setting(monkeypatch):
         max_rows()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("m", [1, 3, 16])
-@pytest.mark.parametrize("variant", ["", "s", "f", "ts"])
-def test_gemv_silu_mul_equals_silu_and_mul_then_gemv(dtype, m, variant):
-    """``silu_mul=True`` computes the activation as the tiles load: bit for bit the fused activation kernel's
-    output fed to the same GEMV (TMA variants take the plain loads then)."""
-    from minivllm.kernels.fused_act import silu_and_mul
-
-    g = torch.Generator().manual_seed(m + len(variant))
-    k = 96
-    h = (torch.randn(m, 2 * k, generator=g) * 3).to(dtype).to(DEVICE)  # [m, 2k] gate | up
-    w = (torch.randn(40, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
-    b = torch.randn(40, generator=g).to(dtype).to(DEVICE)
-    cfg = (16, 32, 2, 4, variant)  # several K steps: gate and up tiles at every offset
-    fused = gemv(h, w, b, config=cfg, silu_mul=True)
-    assert torch.equal(fused, gemv(silu_and_mul(h), w, b, config=cfg))
-    assert not torch.equal(fused, gemv(h[:, :k].contiguous(), w, b, config=cfg))  # the activation did something
-
-
 def test_gemv_rejects_bad_shapes():
     w = torch.randn(8, 32)
     with pytest.raises(ValueError, match="x \\[M, K\\] and w \\[N, K\\]"):
         gemv(torch.randn(2, 16), w)
-    with pytest.raises(ValueError, match="gate \\| up"):
-        gemv(torch.randn(2, 32), w, silu_mul=True)
     with pytest.raises(ValueError, match="contiguous columns"):
         gemv(torch.randn(32, 2).t(), w)
 

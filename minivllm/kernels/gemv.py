@@ -43,7 +43,6 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     SWAP_AB: tl.constexpr,
-    SILU_MUL: tl.constexpr,  # x is [M, 2K] gate | up: multiply silu(gate) * up
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
@@ -59,25 +58,10 @@ def _gemv_kernel(
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
     for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         kk = k + rk
-        x = _load_x(x_rows + kk[None, :], (rm[:, None] < M) & (kk[None, :] < K), K, SILU_MUL)  # [BM, BK]
+        x = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)  # [BM, BK]
         w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)  # [BN, BK]
         acc = _mma(acc, x, w, SWAP_AB, DOT_F32)
     _store_tile(acc, rm, rn, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS, SWAP_AB)
-
-
-@triton.jit
-def _load_x(ptrs, mask, K, SILU_MUL: tl.constexpr):
-    """Input elements at ``ptrs``; with SILU_MUL the rows are ``gate | up`` (each K wide) and this is
-    ``silu(gate) * up`` with the rounding of ``kernels/fused_act.py`` (the same values its kernel writes)."""
-    if SILU_MUL:
-        dt = ptrs.dtype.element_ty
-        gate = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-        x = (act * up).to(dt)
-    else:
-        x = tl.load(ptrs, mask=mask, other=0.0)
-    return x
 
 
 @triton.jit
@@ -129,7 +113,6 @@ def _gemv_fma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    SILU_MUL: tl.constexpr,  # x is [M, 2K] gate | up: multiply silu(gate) * up
     USE_PDL: tl.constexpr,
 ):
     """One row of ``x`` a program row (grid axis 0), float32 FMAs instead of an MMA: for one row only."""
@@ -141,7 +124,7 @@ def _gemv_fma_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         kk = k + rk
-        x = _load_x(x_ptr + row * stride_xm + kk, kk < K, K, SILU_MUL).to(tl.float32)  # [BK]
+        x = tl.load(x_ptr + row * stride_xm + kk, mask=kk < K, other=0.0).to(tl.float32)  # [BK]
         w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)  # [BN, BK]
         acc += w.to(tl.float32) * x[None, :]
     out = tl.sum(acc, axis=1)  # [BLOCK_N]
@@ -189,19 +172,13 @@ def _tma_aligned(t: torch.Tensor) -> bool:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-         config: tuple | None = None, silu_mul: bool = False) -> torch.Tensor:
-    """``x @ w.T + bias`` for ``x`` [M, K], ``w`` [N, K] (rows contiguous): [M, N] in ``x``'s dtype.
-
-    ``silu_mul=True``: ``x`` is [M, 2K] (gate | up, as the merged gate/up projection writes it) and the
-    product is ``silu_and_mul(x) @ w.T``, the activation computed as the tiles load (one kernel less).
-    """
-    k_in = 2 * w.shape[1] if silu_mul and w.dim() == 2 else (w.shape[1] if w.dim() == 2 else -1)
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != k_in:
-        want = "[M, 2K] (gate | up)" if silu_mul else "[M, K]"
-        raise ValueError(f"gemv needs x {want} and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
+         config: tuple | None = None) -> torch.Tensor:
+    """``x @ w.T + bias`` for ``x`` [M, K], ``w`` [N, K] (rows contiguous): [M, N] in ``x``'s dtype."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"gemv needs x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("gemv needs rows with contiguous columns (stride 1 along K)")
-    m, k = x.shape[0], w.shape[1]
+    m, k = x.shape
     n = w.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
@@ -212,11 +189,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     if variant == "f":
         _gemv_fma_kernel[(m, triton.cdiv(n, bn))](
             x, w, bias_arg, out, n, k, x.stride(0), w.stride(0), out.stride(0), HAS_BIAS=bias is not None,
-            BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, SILU_MUL=silu_mul, num_warps=warps, **pdl_options(x))
+            BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, num_warps=warps, **pdl_options(x))
         return out
     bm = block_m(m)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    if variant.startswith("t") and not silu_mul and _tma_aligned(x) and _tma_aligned(w):
+    if variant.startswith("t") and _tma_aligned(x) and _tma_aligned(w):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         _gemv_tma_kernel[grid](
@@ -228,6 +205,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     _gemv_kernel[grid](
         x, w, bias_arg, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, DOT_F32=interpret and x.dtype != torch.float32, BLOCK_M=bm,
-        BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, SWAP_AB=variant.endswith("s"), SILU_MUL=silu_mul,
-        num_warps=warps, **pdl_options(x))
+        BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, SWAP_AB=variant.endswith("s"), num_warps=warps,
+        **pdl_options(x))
     return out

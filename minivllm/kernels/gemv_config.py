@@ -78,12 +78,6 @@ def block_m(m: int) -> int:
     return min(MAX_BLOCK_M, max(16, triton.next_power_of_2(m)))
 
 
-def silu_mul_in_gemv() -> bool:
-    """``MINIVLLM_GEMV_SILU_MUL`` (default on): a down projection that takes the GEMV computes the MLP's
-    ``silu(gate) * up`` as it loads its input (``gemv(..., silu_mul=True)``), one kernel a layer fewer."""
-    return os.environ.get("MINIVLLM_GEMV_SILU_MUL", "1") != "0"
-
-
 def use_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``linear(x, w)`` takes this kernel: CUDA, bf16/fp16, one row, or at most ``MAX_ROWS`` rows and a
     weight of at least ``MIN_WEIGHT_NUMEL`` elements (``MINIVLLM_GEMV=0``: never)."""

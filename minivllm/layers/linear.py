@@ -18,15 +18,8 @@ from minivllm.utils.parallel import current_tp_group, divide, tp_rank, tp_size
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool = False) -> torch.Tensor:
-    """``F.linear``, or the Triton GEMV for the few-row inputs of decoding on GPUs (``kernels/gemv.py``).
-
-    ``silu_mul=True``: ``x`` is [n, 2 * in] (gate | up), for the GEMV only (see :func:`gemv_takes_silu_mul`).
-    """
-    if silu_mul:
-        from minivllm.kernels.gemv import gemv
-
-        return gemv(x, weight, bias, silu_mul=True)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear``, or the Triton GEMV for the few-row inputs of decoding on GPUs (``kernels/gemv.py``)."""
     if _HAS_TRITON and x.is_cuda:
         from minivllm.kernels.gemv import gemv  # NOTE: here: triton is an optional dependency
         from minivllm.kernels.gemv_config import use_gemv
@@ -34,16 +27,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sil
         if use_gemv(x, weight):
             return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
-
-
-def gemv_takes_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``linear(gate_up, weight, silu_mul=True)`` may replace ``linear(silu_and_mul(gate_up), weight)``:
-    the GEMV takes these rows and ``MINIVLLM_GEMV_SILU_MUL`` is on."""
-    if not (_HAS_TRITON and gate_up.is_cuda):
-        return False
-    from minivllm.kernels.gemv_config import silu_mul_in_gemv, use_gemv
-
-    return silu_mul_in_gemv() and use_gemv(gate_up, weight)
 
 
 class LinearBase(nn.Module):
@@ -140,17 +123,11 @@ class RowParallelLinear(LinearBase):
             return
         super().weight_loader(param, loaded)
 
-    def takes_silu_mul(self, gate_up: torch.Tensor) -> bool:
-        """Whether ``forward(gate_up, silu_mul=True)`` may stand for ``forward(silu_and_mul(gate_up))``."""
-        return (gate_up.dim() == 2 and gemv_takes_silu_mul(gate_up, self.weight)
-                and not (self.tp_size > 1 and self.tp_group.overlaps_row_sum(gate_up.shape[0])))
-
-    def forward(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
-        """``x`` [n, in]; ``silu_mul=True`` (where :meth:`takes_silu_mul`): ``x`` [n, 2 * in] is gate | up."""
-        if not silu_mul and self.tp_size > 1 and x.dim() == 2 and self.tp_group.overlaps_row_sum(x.shape[0]):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size > 1 and x.dim() == 2 and self.tp_group.overlaps_row_sum(x.shape[0]):
             # NOTE: summed here whatever reduce_results says (the norm after it checks the same predicate)
             return overlapped_row_parallel_linear(x, self.weight, self.bias, self.tp_group)
-        y = linear(x, self.weight, self.bias, silu_mul)
+        y = linear(x, self.weight, self.bias)
         if self.tp_size > 1 and self.reduce_results:
             self.tp_group.all_reduce(y)
         return y

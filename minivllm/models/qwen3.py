@@ -71,10 +71,7 @@ class MLP(nn.Module):
         self.act_fn = SiluAndMul(fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.gate_up_proj(x)  # [n, 2 * intermediate / tp]
-        if self.down_proj.takes_silu_mul(h):  # the activation inside the down projection's GEMV
-            return self.down_proj(h, silu_mul=True)
-        return self.down_proj(self.act_fn(h))
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
