@@ -173,47 +173,25 @@ def test_paged_attention_padded_rows_untouched():
 # ------------------------------------------------------------------------------ split-KV decode
 
 
-@pytest.mark.parametrize("last_reduces", [True, False])
 @pytest.mark.parametrize("num_splits", [1, 2, 3])
 @pytest.mark.parametrize(
     "nh,nkv,d,bs,dtype",
     [(4, 2, 32, 16, torch.float16), (8, 1, 16, 128, torch.float32), (4, 4, 64, 16, torch.float16)],
 )
-def test_split_kv_decode(num_splits, nh, nkv, d, bs, dtype, last_reduces):
-    """Both merges (the decode kernel's last program per row and kv head, or a second kernel) give the
-    reference; the in-kernel merge leaves its counters at zero for the next launch."""
-    from minivllm.kernels.paged_decode import split_counts
-
+def test_split_kv_decode(num_splits, nh, nkv, d, bs, dtype):
     rows = [(1, c) for c in (1, 30, 80, 64, 17, 47, 15)]
     q, kc, vc, cu, ctx, bt = make_batch(rows, nh, nkv, d, bs, dtype, seed=10 + num_splits)
     ref = paged_attention_ref(q.cpu(), kc.cpu(), vc.cpu(), cu.cpu(), ctx.cpu(), bt.cpu(), d**-0.5)
-    for _ in range(2):  # the second launch finds the counters the first left
-        out = _poisoned(q)
-        paged_decode_split_kv(q, kc, vc, ctx, bt, d**-0.5, 80, num_splits=num_splits, out=out, block_n=16,
-                              last_reduces=last_reduces)
-        _close(out, ref, dtype)
-    assert not split_counts(q.device, 1).any()
+    out = _poisoned(q)
+    paged_decode_split_kv(q, kc, vc, ctx, bt, d**-0.5, 80, num_splits=num_splits, out=out, block_n=16)
+    _close(out, ref, dtype)
 
 
-def test_split_kv_decode_merges_agree_and_switch(monkeypatch):
-    from minivllm.kernels.paged_decode import split_counts
-
-    q, kc, vc, cu, ctx, bt = make_batch([(1, c) for c in (70, 9, 33)], 4, 2, 32, 16, torch.float32, seed=8)
-    outs = [paged_decode_split_kv(q, kc, vc, ctx, bt, 0.2, 80, num_splits=4, block_n=16, last_reduces=flag)
-            for flag in (True, False)]
-    torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)  # float32: summation order only
-    monkeypatch.setenv("MINIVLLM_SPLIT_KV_LAST_REDUCES", "0")
-    assert split_counts(q.device, 1) is None
-    with pytest.raises(ValueError, match="needs the counters"):
-        paged_decode_split_kv(q, kc, vc, ctx, bt, 0.2, 80, num_splits=4, last_reduces=True)
-
-
-@pytest.mark.parametrize("last_reduces", [True, False])
-def test_split_kv_decode_padded_row_is_zero(last_reduces):
+def test_split_kv_decode_padded_row_is_zero():
     rows = [(1, 40), (1, 0)]  # row 1: CUDA-graph padding (context 0)
     q, kc, vc, cu, ctx, bt = make_batch(rows, 2, 1, 16, 16, torch.float32, seed=3)
     out = _poisoned(q)
-    paged_decode_split_kv(q, kc, vc, ctx, bt, 0.25, 40, num_splits=2, out=out, last_reduces=last_reduces)
+    paged_decode_split_kv(q, kc, vc, ctx, bt, 0.25, 40, num_splits=2, out=out)
     ref = paged_attention_ref(
         q[:1].cpu(), kc.cpu(), vc.cpu(), cu[:2].cpu(), ctx[:1].cpu(), bt[:1].cpu(), 0.25
     )

@@ -1,10 +1,8 @@
 """Split-KV decode attention for batches too small to fill the GPU, and the decode dispatcher.
 
 Each (row, kv head) context is split into ``num_splits`` key ranges processed by separate
-programs (partial max / sum / output in float32), then the partials are merged: by the last of a
-(row, kv head)'s programs to finish, which an atomic counter names (one kernel; the default), or by a
-second reduce kernel (``MINIVLLM_SPLIT_KV_LAST_REDUCES=0``). The split factor depends only on host
-ints, so a captured CUDA graph always replays the same kernels.
+programs (partial max / sum / output in float32), then one reduce kernel merges them. The split
+factor depends only on host ints, so a captured CUDA graph always replays the same kernels.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import triton.language as tl
 from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_f32
 from minivllm.kernels.paged_attention import paged_attention
 from minivllm.kernels.pdl import pdl_options, pdl_wait
-from minivllm.kernels.split_kv_merge import _merge_partials, _split_kv_reduce_kernel, split_counts
 
 
 # NOTE: the block table's width changes from step to step; specialising on it (divisible by 16 or not)
@@ -33,8 +30,6 @@ def _split_kv_decode_kernel(
     v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     context_lens_ptr,  # [num_rows] int32
     block_tables_ptr,  # [num_rows, max_blocks] int32
-    out_ptr,  # [num_rows, num_heads, head_dim] (LAST_REDUCES only)
-    counts_ptr,  # [>= num_rows * num_kv_heads] int32, zero between launches (LAST_REDUCES only)
     qk_scale,
     stride_qt,
     stride_qh,
@@ -45,8 +40,6 @@ def _split_kv_decode_kernel(
     stride_vs,
     stride_vh,
     stride_bt,
-    stride_ot,
-    stride_oh,
     NUM_HEADS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -56,7 +49,6 @@ def _split_kv_decode_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     DOT_F32: tl.constexpr,
-    LAST_REDUCES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
@@ -98,16 +90,40 @@ def _split_kv_decode_kernel(
     tl.store(m_part_ptr + part, m_i, mask=m_valid)
     tl.store(l_part_ptr + part, l_i, mask=m_valid)
     tl.store(acc_part_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :], acc, mask=m_valid[:, None])
-    if LAST_REDUCES:
-        # NOTE: every thread's partial stores are done (barrier), then the release half of the atomic makes
-        # them visible GPU-wide before the count moves; the program that sees NUM_SPLITS - 1 comes last
-        tl.debug_barrier()
-        count = counts_ptr + row * tl.num_programs(1) + kvh
-        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-            first = (row.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS  # [BLOCK_M]
-            _merge_partials(out_ptr + row.to(tl.int64) * stride_ot, head, m_valid, first, m_part_ptr, l_part_ptr,
-                            acc_part_ptr, stride_oh, NUM_SPLITS, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD)
-            tl.store(count, 0)  # NOTE: ready for the next launch (the next layer, the next graph replay)
+
+
+@triton.jit
+def _split_kv_reduce_kernel(
+    out_ptr,  # [num_rows, num_heads, head_dim]
+    m_part_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32
+    l_part_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32
+    acc_part_ptr,  # [num_rows, num_heads, NUM_SPLITS, HEAD_DIM_PAD] float32
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_wait(USE_PDL)
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)  # [SPLITS_PAD]
+    offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
+    s_valid = offs_s < NUM_SPLITS
+    base = (row.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS
+    m = tl.load(m_part_ptr + base + offs_s, mask=s_valid, other=float("-inf"))  # [SPLITS_PAD]
+    lse = tl.load(l_part_ptr + base + offs_s, mask=s_valid, other=0.0)  # [SPLITS_PAD] softmax sums
+    acc_ptrs = acc_part_ptr + (base + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :]
+    acc = tl.load(acc_ptrs, mask=s_valid[:, None], other=0.0)  # [SPLITS_PAD, HEAD_DIM_PAD]
+    w = tl.exp2(m - tl.max(m, 0))  # [SPLITS_PAD], padded splits -> 0
+    denom = tl.sum(w * lse, 0)
+    denom = tl.where(denom > 0.0, denom, 1.0)  # rows with context 0 (graph padding) -> output 0
+    o = tl.sum(w[:, None] * acc, 0) / denom  # [HEAD_DIM_PAD]
+    o_ptrs = out_ptr + row.to(tl.int64) * stride_ot + head * stride_oh + offs_d
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -155,15 +171,12 @@ def paged_decode_split_kv(
     out: torch.Tensor | None = None,  # [num_rows, num_heads, head_dim]
     *,
     block_n: int | None = None,
-    last_reduces: bool | None = None,
 ) -> torch.Tensor:
     """Flash-decoding: each row's keys are split over ``num_splits`` programs, then reduced.
 
     Partial (max, sum, acc) go to float32 scratch of shape fixed by (num_rows, num_splits), so
-    the launches are CUDA-graph safe. ``num_splits=None`` picks it with
+    the two launches are CUDA-graph safe. ``num_splits=None`` picks it with
     :func:`choose_num_splits`. Rows with context 0 (graph padding) produce zeros.
-    ``last_reduces``: True merges in the decode kernel (its last program per row and kv head), False
-    in a second kernel, None (default): the first where :func:`split_counts` has counters (see there).
     """
     num_heads, num_kv_heads, head_dim = check_inputs(query, k_cache, v_cache, block_tables)
     num_rows = context_lens.shape[0]
@@ -181,24 +194,18 @@ def paged_decode_split_kv(
     l_part = torch.empty_like(m_part)
     acc_part = torch.empty(num_rows, num_heads, num_splits, d_pad, dtype=torch.float32, device=query.device)
     bn = block_n or (64 if head_dim <= 128 else 32)
-    counts = split_counts(query.device, num_rows * num_kv_heads) if last_reduces is not False else None
-    if last_reduces and counts is None:
-        raise ValueError("last_reduces=True needs the counters, which cannot be allocated in a CUDA graph capture")
     _split_kv_decode_kernel[(num_rows, num_kv_heads, num_splits)](
         m_part, l_part, acc_part, query, k_cache, v_cache, context_lens, block_tables,
-        out, counts if counts is not None else context_lens,
         scale * LOG2E,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
+        block_tables.stride(0),
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group,
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, BLOCK_SIZE=k_cache.shape[1],
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, DOT_F32=dot_f32(query), LAST_REDUCES=counts is not None,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, DOT_F32=dot_f32(query),
         num_warps=4, num_stages=2, **pdl_options(query),
     )  # fmt: skip
-    if counts is not None:
-        return out
     _split_kv_reduce_kernel[(num_rows, num_heads)](
         out, m_part, l_part, acc_part, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
