@@ -22,7 +22,8 @@
 #   proxyprofile: profile_step.py decode steps of $PROXY_ROWS rows on $PROXY_MODEL (default qwen3-8b-tp2-rank)
 #   attnmid: decode attention at 16-128 rows ($ATTN_HEADS, default TP=2 shapes of Qwen3-8B), unified vs split-KV factors
 #   fusab: the K/V store fused into the q/k norm + RoPE kernel: the GPU tests it touches, bench_fusions.py, then
-#          one-request ($FUSAB_MODELS) and nano ($FUSAB_NANO) with MINIVLLM_FUSED_KV_STORE=0, then with the default
+#          one-request ($FUSAB_MODELS) and nano ($FUSAB_NANO) with MINIVLLM_FUSED_KV_STORE=0 (or $FUSAB_OFF), then
+#          with the defaults; FUSAB_TESTS picks the tests, FUSAB_NO_TESTS=1 / FUSAB_NO_BENCH=1 skip them / bench_fusions
 #   sessiontests: the TP, PDL and custom all-reduce GPU tests
 #   tpvar: Qwen3-8B at TP=2 once per entry of $TP_VARIANTS, "name:VAR=value,VAR2=value" (name: alone = defaults),
 #          e.g. TP_VARIANTS="base: simple:NCCL_PROTO=Simple"; results in tp_8b_<name>.json
@@ -143,14 +144,14 @@ for s in $sections; do
                   grep -E "^## decode|wall" "$R/proxy_profile${PROXY_TAG:-}.txt" | head -20 ;;
     attnmid) timeout 200 python3 benchmarks/bench_kernels.py --cuda-graph --heads ${ATTN_HEADS:-16 4 128} --block-sizes 256 \
                --batches 16 32 48 64 96 128 --contexts 512 1024 --sweep-splits 2 3 4 6 8 > "$R/attn_mid.txt" 2>&1; tail -14 "$R/attn_mid.txt" ;;
-    fusab) timeout 300 python3 -m pytest -q -p no:cacheprovider ${FUSAB_TESTS:-tests/gpu/test_fused_kernels_gpu.py \
+    fusab) [ -z "${FUSAB_NO_TESTS:-}" ] && timeout 300 python3 -m pytest -q -p no:cacheprovider ${FUSAB_TESTS:-tests/gpu/test_fused_kernels_gpu.py \
              tests/gpu/test_engine_gpu.py tests/gpu/test_fp8_kv_gpu.py} > "$R/fus_tests.log" 2>&1; tail -3 "$R/fus_tests.log"
            [ -z "${FUSAB_NO_BENCH:-}" ] && timeout 120 python3 benchmarks/bench_fusions.py > "$R/fusions.txt" 2>&1 && tail -22 "$R/fusions.txt"
-           OFF="MINIVLLM_FUSED_KV_STORE=0"
+           OFF=${FUSAB_OFF:-MINIVLLM_FUSED_KV_STORE=0}
            for M in ${FUSAB_MODELS:-qwen3-0.6b qwen3-8b}; do for v in off on; do
              env $([ $v = off ] && echo $OFF) timeout 150 $BENCH --model $M --workload one-request --repeat 3 \
                --json-out "$R/one_${M}_$v.json" > "$R/one_${M}_$v.log" 2>&1; done; done
-           for M in ${FUSAB_NANO:-qwen3-8b-tp2-rank qwen3-8b}; do for v in off on; do
+           for M in ${FUSAB_NANO-qwen3-8b-tp2-rank qwen3-8b}; do for v in off on; do
              env $([ $v = off ] && echo $OFF) timeout 150 $BENCH --model $M --workload nano --repeat 2 \
                --json-out "$R/nano_${M}_$v.json" > "$R/nano_${M}_$v.log" 2>&1; done; done
            python3 -c "
