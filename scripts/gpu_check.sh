@@ -21,9 +21,9 @@
 #   proxy: the nano workload on $PROXY_MODELS (default qwen3-8b-tp2-rank: one rank's shapes of Qwen3-8B at TP=2, on one GPU)
 #   proxyprofile: profile_step.py decode steps of $PROXY_ROWS rows on $PROXY_MODEL (default qwen3-8b-tp2-rank)
 #   attnmid: decode attention at 16-128 rows ($ATTN_HEADS, default TP=2 shapes of Qwen3-8B), unified vs split-KV factors
-#   fusab: the K/V store fused into the q/k norm + RoPE kernel: the GPU tests it touches, bench_fusions.py, then
+#   fusab: the K/V store fused into the q/k norm + RoPE kernel: the GPU tests it touches, bench_fused_kv_store.py, then
 #          one-request ($FUSAB_MODELS) and nano ($FUSAB_NANO) with MINIVLLM_FUSED_KV_STORE=0 (or $FUSAB_OFF), then
-#          with the defaults; FUSAB_TESTS picks the tests, FUSAB_NO_TESTS=1 / FUSAB_NO_BENCH=1 skip them / bench_fusions
+#          with the defaults; FUSAB_TESTS picks the tests, FUSAB_NO_TESTS=1 / FUSAB_NO_BENCH=1 skip them / bench_fused_kv_store
 #   sessiontests: the TP, PDL and custom all-reduce GPU tests
 #   tpvar: Qwen3-8B at TP=2 once per entry of $TP_VARIANTS, "name:VAR=value,VAR2=value" (name: alone = defaults),
 #          e.g. TP_VARIANTS="base: simple:NCCL_PROTO=Simple"; results in tp_8b_<name>.json
@@ -146,7 +146,7 @@ for s in $sections; do
                --batches 16 32 48 64 96 128 --contexts 512 1024 --sweep-splits 2 3 4 6 8 > "$R/attn_mid.txt" 2>&1; tail -14 "$R/attn_mid.txt" ;;
     fusab) [ -z "${FUSAB_NO_TESTS:-}" ] && timeout 300 python3 -m pytest -q -p no:cacheprovider ${FUSAB_TESTS:-tests/gpu/test_fused_kernels_gpu.py \
              tests/gpu/test_engine_gpu.py tests/gpu/test_fp8_kv_gpu.py} > "$R/fus_tests.log" 2>&1; tail -3 "$R/fus_tests.log"
-           [ -z "${FUSAB_NO_BENCH:-}" ] && timeout 120 python3 benchmarks/bench_fusions.py > "$R/fusions.txt" 2>&1 && tail -22 "$R/fusions.txt"
+           [ -z "${FUSAB_NO_BENCH:-}" ] && timeout 120 python3 benchmarks/bench_fused_kv_store.py > "$R/fusions.txt" 2>&1 && tail -22 "$R/fusions.txt"
            OFF=${FUSAB_OFF:-MINIVLLM_FUSED_KV_STORE=0}
            for M in ${FUSAB_MODELS:-qwen3-0.6b qwen3-8b}; do for v in off on; do
              env $([ $v = off ] && echo $OFF) timeout 150 $BENCH --model $M --workload one-request --repeat 3 \

@@ -1,15 +1,15 @@
 """The fused K/V store against the pair of launches it replaces (GPU, CUDA-graph replays).
 
-    python benchmarks/bench_fusions.py [--rows 1 4 16 48 240]
+    python benchmarks/bench_fused_kv_store.py [--rows 1 4 16 48 240]
 
 ``qk_norm_rope`` then ``store_kvcache``, against ``qk_norm_rope(..., kv_store=...)``, at Qwen3-8B's head
 counts for TP=1 (32/8) and TP=2 (16/4). Each cell is the median of ``triton.testing.do_bench_cudagraph``
 over 20 back-to-back calls in one graph (so launch gaps count, as in a decode graph), divided by 20:
 microseconds per call. PDL as the engine uses it (on for batches up to ``MINIVLLM_PDL_MAX_ROWS`` rows).
 
-NOTE: a SiLU-and-mul computed inside the down projection's GEMV was timed here too (H200, 2026-11-23): 0.3 us
-faster at one row and TP=1, 0.7 us slower at TP=2, and 3-7x slower at 4-16 rows (the MMA kernel's pipelined
-loads), so it was dropped (docs/benchmarks.md).
+NOTE: as bench_fusions.py (dc1e627) it also timed a SiLU-and-mul computed inside the down projection's
+GEMV (H200, 2026-11-23): 0.3 us faster at one row and TP=1, 0.7 us slower at TP=2, and 3-7x slower at
+4-16 rows (the MMA kernel's pipelined loads), so it was dropped (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 48, 240])
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("bench_fusions.py needs a CUDA GPU; nothing to do on this machine.")
+        print("bench_fused_kv_store.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
 
     from minivllm.kernels.fused_rope import qk_norm_rope
