@@ -10,6 +10,9 @@ GPU memory and worker processes are released between sizes. Scaling efficiency a
 tok/s(k) / (k * tok/s(1)).
 
     python benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-8b --tp 1 2 4 --json-out runs/tp_8b.json
+
+``--rank-proxy`` also runs, for each TP size k > 1, one rank's shapes as a model at TP=1 (``rank_proxy.py``)
+and prints, step kind by step kind, the TP run's time over it: what tensor parallelism costs.
 """
 
 from __future__ import annotations
@@ -127,9 +130,10 @@ def measure(args: argparse.Namespace) -> dict:
         llm.close()
 
 
-def run_subprocess(args: argparse.Namespace, tp: int) -> dict:
-    """``measure`` for one TP size in a fresh interpreter; the last stdout line is its JSON."""
-    cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--tp", str(tp),
+def run_subprocess(args: argparse.Namespace, tp: int, model: str | None = None) -> dict:
+    """``measure`` for one TP size (of ``model``, default ``args.model``) in a fresh interpreter; the last stdout
+    line is its JSON."""
+    cmd = [sys.executable, __file__, "--worker", "--model", model or args.model, "--tp", str(tp),
            "--num-seqs", str(args.num_seqs), "--max-input-len", str(args.max_input_len),
            "--max-output-len", str(args.max_output_len), "--max-model-len", str(args.max_model_len),
            "--latency-input-len", str(args.latency_input_len), "--latency-output-len", str(args.latency_output_len)]
@@ -176,6 +180,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--size-timeout", type=float, default=None, help="seconds allowed per TP size (default: none)")
     p.add_argument("--json-out", default=None)
+    p.add_argument("--rank-proxy", action="store_true",
+                   help="also run one rank's shapes at TP=1 for each TP size > 1 and print where the TP run's extra "
+                        "time goes (benchmarks/rank_proxy.py)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -190,10 +197,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"\n{args.model}: {args.num_seqs} requests (throughput), "
           f"{args.latency_input_len} -> {args.latency_output_len} tokens (latency)")
     print(table(rows))
+    proxies = rank_proxies(args, rows) if args.rank_proxy else {}
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps({"model": args.model, "args": vars(args), "results": rows}, indent=2))
+        Path(args.json_out).write_text(json.dumps({"model": args.model, "args": vars(args), "results": rows,
+                                                   "rank_proxy": proxies}, indent=2))
     return rows
+
+
+def rank_proxies(args: argparse.Namespace, rows: list[dict]) -> dict[int, dict]:
+    """For each TP size > 1 that ran: its rank proxy at TP=1 (``rank_proxy.py``), and the comparison printed."""
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rank_proxy import overhead_table, write_rank_config
+
+    out = {}
+    for row in rows:
+        if row.get("tp", 1) == 1 or "error" in row:
+            continue
+        with tempfile.TemporaryDirectory(prefix=f"rank_of_{row['tp']}_") as d:
+            print(f"rank proxy of TP={row['tp']} ...", flush=True)
+            proxy = out[row["tp"]] = run_subprocess(args, 1, write_rank_config(args.model, row["tp"], d))
+        print(json.dumps(proxy), flush=True)
+        print("\n" + (overhead_table(row, proxy) if "error" not in proxy else f"rank proxy failed: {proxy['error']}"))
+    return out
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@
 #   fp8kv: the nano workloads with an FP8 (e4m3) KV cache
 #   fusedab: the fused sampler off (nano x3), to compare with bench06
 #   ab: asynchronous scheduling off (0.6B one request x3, nano x1), to compare with bench06
-#   tp / tp32: tp_scaling.py on Qwen3-8B / Qwen3-32B at the sizes in $TP_SIZES (default "1 2")
+#   tp / tp32: tp_scaling.py on Qwen3-8B / Qwen3-32B at the sizes in $TP_SIZES (default "1 2"), plus $TP_ARGS, e.g.
+#              TP_ARGS=--rank-proxy TP_TAIL=24 (each TP size's extra time over one rank's compute, by step kind)
 #   tpdebug: the ctypes NCCL communicator's test, then the TP GPU tests (set MINIVLLM_TP_COMM to choose)
 # Results (JSON, logs, plots) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
 set -uo pipefail
@@ -111,8 +112,8 @@ for s in $sections; do
     tpfp8) timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 --model benchmarks/configs/qwen3-8b --tp 2 --kv-cache-dtype fp8 --json-out "$R/tp_8b_fp8kv.json" 2>&1 | tail -4 ;;
     tpprofile) timeout 240 python3 benchmarks/profile_step.py --model benchmarks/configs/qwen3-8b --tp 2 > "$R/tp_profile_8b.txt" 2>&1;
                grep -A12 "^## " "$R/tp_profile_8b.txt" | grep -v "^--$" | head -40 ;;
-    tp) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 240 --model benchmarks/configs/qwen3-8b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_8b.json" 2>&1 | tail -12 ;;
-    tp32) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout ${SIZE_TIMEOUT:-270} --model benchmarks/configs/qwen3-32b --tp ${TP_SIZES:-1 2} --json-out "$R/tp_32b.json" 2>&1 | tail -12 ;;
+    tp) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 240 --model benchmarks/configs/qwen3-8b --tp ${TP_SIZES:-1 2} ${TP_ARGS:-} --json-out "$R/tp_8b.json" 2>&1 | grep -v "^{" | tail -${TP_TAIL:-12} ;;
+    tp32) timeout 560 python3 benchmarks/tp_scaling.py --size-timeout ${SIZE_TIMEOUT:-270} --model benchmarks/configs/qwen3-32b --tp ${TP_SIZES:-1 2} ${TP_ARGS:-} --json-out "$R/tp_32b.json" 2>&1 | grep -v "^{" | tail -${TP_TAIL:-12} ;;
     serve) timeout 300 bash scripts/serve_bench.sh "$R" 2>&1 | tail -60 ;;
     serve8b) timeout 400 bash scripts/serve_bench.sh "$R" qwen3-8b 2>&1 | tail -60 ;;
     lazy) for M in ${LAZY_MODELS:-qwen3-0.6b}; do timeout ${LAZY_TIMEOUT:-300} python3 benchmarks/lazy_compiles.py --model benchmarks/configs/$M \
