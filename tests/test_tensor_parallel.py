@@ -97,6 +97,19 @@ def test_tp2_matches_tp1_kv_heads_replicated(tp2_untied, tiny_untied_model):
     assert (qkv.num_heads, qkv.num_kv_heads, qkv.num_kv_replicas) == (2, 1, 2)  # 1 kv head on both ranks
     assert _run(tp2_untied)[0] == _reference(tiny_untied_model)[0]
 
+@pytest.mark.triton
+def test_tp2_triton_backend_matches_tp1(tiny_untied_model):
+    """Each rank's Triton kernels (the fused q/k norm + RoPE + K/V store into its own cache, paged attention
+    over its KV heads) give the torch backend's TP=1 tokens (the interpreter on the CPU)."""
+    prompts = PROMPTS[:4]
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=6)
+    with LLM(tiny_untied_model, **KW) as ref:
+        want = [o["token_ids"] for o in ref.generate(prompts, params, use_tqdm=False)]
+    with LLM(tiny_untied_model, tensor_parallel_size=2, attention_backend="triton", **KW) as llm:
+        got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+
+
 
 @pytest.mark.parametrize("in_norm", ["0", "1"])
 def test_tp2_sums_in_the_norms_matches_tp1(tiny_untied_model, in_norm, monkeypatch):
