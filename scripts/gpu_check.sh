@@ -53,6 +53,7 @@
 #              TP_ARGS=--rank-proxy TP_TAIL=24 (each TP size's extra time over one rank's compute, by step kind)
 #   tpdebug: the ctypes NCCL communicator's test, then the TP GPU tests (set MINIVLLM_TP_COMM to choose)
 # Results (JSON, logs, plots) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
+# NOTE: the device tool brings back at most 8 files from $OUT: leave results.tgz there rather than copies of each file.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
