@@ -192,17 +192,23 @@ def test_qk_norm_rope_int32_positions_and_empty():
 
 @pytest.mark.parametrize("cache_fp8", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,hq,hkv,hd,block_size", [(1, 4, 2, 16, 16), (7, 8, 1, 32, 4), (33, 4, 2, 64, 16)])
-def test_qk_norm_rope_kv_store_equals_store_kvcache(n, hq, hkv, hd, block_size, dtype, cache_fp8):
+@pytest.mark.parametrize("n,hq,hkv,hd,block_size,norm", [(1, 4, 2, 16, 16, True), (7, 8, 1, 32, 4, False),
+                                                         (33, 4, 2, 64, 16, True)])
+def test_qk_norm_rope_kv_store_equals_store_kvcache(n, hq, hkv, hd, block_size, norm, dtype, cache_fp8):
     """``kv_store`` writes the cache bit for bit as ``store_kvcache`` after the in-place norm + RoPE does
-    (slots -1 skipped, every other cache slot untouched), and q / k exactly as without it."""
+    (slots -1 skipped, every other cache slot untouched, FP8 saturation at +-448), and q / k exactly as
+    without it."""
     from minivllm.kernels.store_kvcache import store_kvcache
 
     g = gen(n * 7 + hd)
     qkv = randn(g, n, (hq + 2 * hkv) * hd, dtype=dtype, scale=2.0)  # [n, (hq + 2 hkv) hd]
+    big = torch.tensor([1000.0, -1000.0, 448.0, 460.0]).to(device=DEV, dtype=dtype)  # beyond e4m3's range
+    qkv[:, (hq + hkv) * hd:][:, :4] = big  # v
+    qkv[:, hq * hd:][:, :4] = big  # k: still out of range after RoPE when not normalised
     positions = torch.randint(0, 4096, (n,), generator=g).to(DEV)
     rope = RotaryEmbedding(hd, 4096, 1e6).to(DEV)
     weights = [(1.0 + 0.3 * torch.randn(hd, generator=g)).to(device=DEV, dtype=dtype) for _ in range(2)]
+    weights = weights if norm else [None, None]
     num_blocks = (2 * n) // block_size + 2
     slots = torch.randperm(num_blocks * block_size, generator=g)[:n]
     slots[1::3] = -1  # prefix-cache hits and padding: not stored

@@ -37,3 +37,16 @@ def test_triton_backend_with_and_without_the_fused_kv_store(tiny_model, monkeypa
     got += [done[i] for i in ids]
     assert hits >= 32
     assert [o["token_ids"] for o in got] == [o["token_ids"] for o in ref]
+
+
+def test_fused_kv_store_with_an_fp8_cache_equals_the_store_kernel(tiny_tied_model, monkeypatch):
+    """An FP8 (e4m3) cache: the fused store saturates and rounds as the store kernel does, so the tokens match."""
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = [list(range(5, 45)), [9, 8, 7], list(range(100, 120))]
+    runs = []
+    for fused in ("1", "0"):
+        monkeypatch.setenv("MINIVLLM_FUSED_KV_STORE", fused)
+        llm = LLM(tiny_tied_model, device="cpu", attention_backend="triton", kv_cache_dtype="fp8",
+                  max_num_batched_tokens=32)
+        runs.append([o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)])
+    assert runs[0] == runs[1]
