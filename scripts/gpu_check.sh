@@ -24,6 +24,8 @@
 #   fusab: the K/V store fused into the q/k norm + RoPE kernel: the GPU tests it touches, bench_fused_kv_store.py, then
 #          one-request ($FUSAB_MODELS) and nano ($FUSAB_NANO) with MINIVLLM_FUSED_KV_STORE=0 (or $FUSAB_OFF), then
 #          with the defaults; FUSAB_TESTS picks the tests, FUSAB_NO_TESTS=1 / FUSAB_NO_BENCH=1 skip them / bench_fused_kv_store
+#   decodeoverlap: bench_decode_overlap.py (2 GPUs): decode-sized row-parallel matmuls whose custom all-reduce runs
+#                  slice by slice on a side stream under the next slice's matmul ($DECODE_OVERLAP_ARGS)
 #   sessiontests: the TP, PDL and custom all-reduce GPU tests
 #   tpvar: Qwen3-8B at TP=2 once per entry of $TP_VARIANTS, "name:VAR=value,VAR2=value" (name: alone = defaults),
 #          e.g. TP_VARIANTS="base: simple:NCCL_PROTO=Simple"; results in tp_8b_<name>.json
@@ -125,6 +127,8 @@ for s in $sections; do
             --json-out "$R/q8b_nano_lt.json" 2>&1 | grep -i "tok/s" | tail -3 ;;
     ceoverlap) timeout 200 python3 benchmarks/bench_ce_overlap.py --chunks ${CE_CHUNKS:-1 4 8} > "$R/ce_overlap.txt" 2>&1; tail -12 "$R/ce_overlap.txt"
                timeout 120 python3 benchmarks/bench_all_reduce.py --world 2 --nccl-mb 128 --json-out "$R/nccl_128.json" 2>&1 | tail -4 ;;
+    decodeoverlap) timeout 300 python3 benchmarks/bench_decode_overlap.py ${DECODE_OVERLAP_ARGS:-} --json-out "$R/decode_overlap.json" \
+                     > "$R/decode_overlap.txt" 2>&1; tail -9 "$R/decode_overlap.txt" ;;
     topo) nvidia-smi topo -m | tee "$R/topo.txt" ;;
     tpfusednorm) MINIVLLM_FUSED_AR_NORM=1 timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 180 \
                    --model benchmarks/configs/qwen3-8b --tp 2 --json-out "$R/tp_8b_fused_norm.json" 2>&1 | tail -4 ;;
