@@ -150,6 +150,41 @@ def test_tp2_overlapped_row_sums_match_tp1(tiny_untied_model, in_norm, monkeypat
     assert got == _reference(tiny_untied_model)[0]
 
 
+@pytest.mark.parametrize("in_norm", ["0", "1"])
+def test_tp2_decode_overlapped_row_sums_match_tp1(tiny_untied_model, in_norm, monkeypatch):
+    """``MINIVLLM_TP_DECODE_OVERLAP_SLICES``: row-parallel layers of decode-sized batches (here 2-12 rows) sum
+    their output in slices inside the layer (the custom all-reduce on a side stream on GPUs, gloo here), the
+    norms after them do not sum again, and the greedy tokens equal TP=1's."""
+    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", in_norm)
+    monkeypatch.setenv("MINIVLLM_TP_DECODE_OVERLAP_SLICES", "3")
+    monkeypatch.setenv("MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS", "2")
+    monkeypatch.setenv("MINIVLLM_TP_DECODE_OVERLAP_MAX_ROWS", "12")
+    with LLM(tiny_untied_model, tensor_parallel_size=2, **KW) as llm:
+        group = llm.executor.runner.tp_group
+        assert group.row_sum_plan(12) == (3, True) and group.row_sum_plan(2) == (3, True)
+        assert group.row_sum_plan(1) is None and group.row_sum_plan(13) is None
+        got = _run(llm)[0]
+        assert group.num_overlapped_sums > 0
+    for name in ("MINIVLLM_FUSED_AR_NORM", "MINIVLLM_TP_DECODE_OVERLAP_SLICES", "MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS",
+                 "MINIVLLM_TP_DECODE_OVERLAP_MAX_ROWS"):
+        monkeypatch.delenv(name)
+    assert got == _reference(tiny_untied_model)[0]
+
+
+def test_decode_overlap_switches(monkeypatch):
+    from minivllm.utils.tp_switches import decode_overlap_rows, decode_overlap_slices
+
+    for name in ("SLICES", "MIN_ROWS", "MAX_ROWS"):
+        monkeypatch.delenv(f"MINIVLLM_TP_DECODE_OVERLAP_{name}", raising=False)
+    assert (decode_overlap_slices(), decode_overlap_rows()) == (0, (17, 256))
+    monkeypatch.setenv("MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS", "300")
+    with pytest.raises(ValueError, match="MIN_ROWS \\(300\\) is above"):
+        decode_overlap_rows()
+    monkeypatch.setenv("MINIVLLM_TP_DECODE_OVERLAP_SLICES", "two")
+    with pytest.raises(ValueError, match="MINIVLLM_TP_DECODE_OVERLAP_SLICES must be a slice count"):
+        decode_overlap_slices()
+
+
 def test_tp2_chunked_prefill_small_cache(tiny_tied_model):
     ref, _ = _reference(tiny_tied_model, **CHUNKED)
     with LLM(tiny_tied_model, tensor_parallel_size=2, **KW, **CHUNKED) as llm:

@@ -20,7 +20,13 @@ import torch
 import torch.distributed as dist
 
 from minivllm.utils.env import env_switch
-from minivllm.utils.tp_switches import custom_all_reduce_enabled, nccl_comm_kind, overlap_min_rows
+from minivllm.utils.tp_switches import (
+    custom_all_reduce_enabled,
+    decode_overlap_rows,
+    decode_overlap_slices,
+    nccl_comm_kind,
+    overlap_min_rows,
+)
 
 # Collective timeout. NOTE: dead workers are detected by the executor's monitor long before
 # this; the timeout only ends waits on a peer that is alive but stuck.
@@ -57,7 +63,8 @@ class TPGroup:
         self.rank, self.size, self.address, self.device = rank, world_size, init_method, device
         self._side_stream = None  # the stream of overlapped row-parallel sums, made on first use
         self.overlap_min_rows = overlap_min_rows()
-        self.num_overlapped_sums = 0  # slices summed through sum_large (tests check the path ran)
+        self.decode_overlap_slices, self.decode_overlap_rows = decode_overlap_slices(), decode_overlap_rows()
+        self.num_overlapped_sums = 0  # slices summed inside row-parallel layers (tests check the path ran)
         self.is_nccl = device.type == "cuda"
         self.store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0, timeout=timeout)
         store = dist.PrefixStore("minivllm_tp/", self.store)
@@ -97,9 +104,28 @@ class TPGroup:
     def overlaps_row_sum(self, rows: int) -> bool:
         """Whether a row-parallel layer's output of ``rows`` rows is summed inside the layer, overlapping its
         matmul (``layers/overlapped_linear.py``); its consumer then must not sum it again."""
-        min_rows = self.overlap_min_rows
-        return (0 < min_rows <= rows and not self.skip_sums
-                and not (self.is_nccl and torch.cuda.is_current_stream_capturing()))
+        return self.row_sum_plan(rows) is not None
+
+    def row_sum_plan(self, rows: int) -> tuple[int, bool] | None:
+        """``(slices, custom)`` for a row-parallel layer of ``rows`` rows that sums inside itself (``custom``: through
+        :meth:`all_reduce`, the custom kernel on GPUs, else :meth:`sum_large`), or None (its consumer sums it).
+
+        Prefill-sized inputs (``MINIVLLM_TP_OVERLAP_MIN_ROWS``) take NCCL, never inside a graph capture; decode-sized
+        ones (``MINIVLLM_TP_DECODE_OVERLAP_SLICES``) take the custom kernel, captured graphs included (and gloo
+        on the CPU). NOTE: a function of ``rows`` alone, so every rank and both the layer and its consumer agree.
+        """
+        if self.skip_sums:
+            return None
+        if 0 < self.overlap_min_rows <= rows:
+            if self.is_nccl and torch.cuda.is_current_stream_capturing():
+                return None
+            from minivllm.layers.overlapped_linear import overlap_chunks
+
+            return overlap_chunks(), False
+        lo, hi = self.decode_overlap_rows
+        if self.decode_overlap_slices > 1 and lo <= rows <= hi and (self.custom_ar is not None or not self.is_nccl):
+            return self.decode_overlap_slices, True
+        return None
 
     def side_stream(self) -> torch.cuda.Stream | None:
         """The stream overlapped sums run on (made on first use); None on the CPU."""
@@ -109,8 +135,7 @@ class TPGroup:
 
     def sum_large(self, t: torch.Tensor) -> None:
         """A float sum of ``t`` in place on the current stream through NCCL (gloo on the CPU), never the
-        custom kernel: for sums issued on :meth:`side_stream`."""
-        self.num_overlapped_sums += 1
+        custom kernel: for prefill sums issued on :meth:`side_stream`."""
         if self.comm is not None and not self.skip_sums:
             return self.comm.all_reduce(t)
         return self.all_reduce(t)

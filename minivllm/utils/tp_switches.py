@@ -1,5 +1,5 @@
 """Environment switches of the tensor-parallel paths (no torch import): which NCCL path, CUDA graphs, the
-custom all-reduce, the fused all-reduce + norm, the overlapped row-parallel sums."""
+custom all-reduce, the fused all-reduce + norm, the overlapped row-parallel sums (prefill and decode)."""
 
 from __future__ import annotations
 
@@ -45,3 +45,21 @@ def overlap_min_rows() -> int:
     """``MINIVLLM_TP_OVERLAP_MIN_ROWS``: the fewest rows whose row-parallel sum overlaps the matmul in slices
     (``layers/overlapped_linear.py``; 0, the default: never)."""
     return env_int("MINIVLLM_TP_OVERLAP_MIN_ROWS", 0, what="a row count")
+
+
+def decode_overlap_slices() -> int:
+    """``MINIVLLM_TP_DECODE_OVERLAP_SLICES`` (0, the default: off): row-parallel layers of
+    ``MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS`` (17) to ``MINIVLLM_TP_DECODE_OVERLAP_MAX_ROWS`` (256) rows, decode
+    graphs included, sum their output in this many slices with the custom all-reduce on a side stream, each
+    under the next slice's matmul. Experimental: measured on no GPU yet (``benchmarks/bench_decode_overlap.py``)."""
+    return env_int("MINIVLLM_TP_DECODE_OVERLAP_SLICES", 0, what="a slice count")
+
+
+def decode_overlap_rows() -> tuple[int, int]:
+    """``(MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS, MINIVLLM_TP_DECODE_OVERLAP_MAX_ROWS)``: the row counts the decode
+    overlap takes (defaults 17 and 256: batches above the fused all-reduce + norm, up to the largest decode graph)."""
+    lo = env_int("MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS", 17, minimum=1, what="a row count")
+    hi = env_int("MINIVLLM_TP_DECODE_OVERLAP_MAX_ROWS", 256, minimum=1, what="a row count")
+    if lo > hi:
+        raise ValueError(f"MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS ({lo}) is above MINIVLLM_TP_DECODE_OVERLAP_MAX_ROWS ({hi})")
+    return lo, hi

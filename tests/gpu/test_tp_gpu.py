@@ -123,6 +123,23 @@ def test_tp2_overlapped_row_sums_equal_tp1(tiny_model, fused_norm, monkeypatch):
     assert runners[0].tp_group.num_overlapped_sums > 0 and runners[0].tp_group.side_stream() is not None
 
 
+@pytest.mark.parametrize("fused_norm", ["0", "1"])
+def test_tp2_decode_overlapped_row_sums_equal_tp1(tiny_model, fused_norm, monkeypatch):
+    """``MINIVLLM_TP_DECODE_OVERLAP_SLICES=3`` with decode batches of 4-12 rows: o_proj / down_proj sum their output
+    in 3 slices, the custom all-reduce on a side stream under the next slice's matmul, inside the captured
+    decode graphs; the norms after them do not sum again."""
+    runners = []
+
+    def check(runner):
+        assert runner.tp_group.row_sum_plan(4) == (3, True) and runner.graph_runner is not None
+        runners.append(runner)
+    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_TP_DECODE_OVERLAP_SLICES": "3",
+                                                             "MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS": "4",
+                                                             "MINIVLLM_TP_DECODE_OVERLAP_MAX_ROWS": "12",
+                                                             "MINIVLLM_FUSED_AR_NORM": fused_norm})
+    assert runners[0].tp_group.num_overlapped_sums > 0 and runners[0].tp_group.side_stream() is not None
+
+
 def test_tp2_sharded_sampling_equals_tp1(tiny_model, monkeypatch):
     """``MINIVLLM_TP_SHARDED_SAMPLING=1``: each rank samples its vocabulary slice with the fused Gumbel pass
     (greedy and seeded temperature rows; CUDA graphs, asynchronous scheduling), rank 0 picks the best pair."""
