@@ -7,7 +7,8 @@ At TP=2 a decode step's 72 all-reduces cost ~1 ms a step more than one rank's co
 down_proj: K = 6144 at Qwen3-8B's TP=2 shapes; N = 4096) whose ~64-128 output tiles leave SMs idle at
 these row counts. Here the rows are cut into slices: the matmul of slice i + 1 runs on the main stream
 while the one-shot custom all-reduce (the engine's, ``utils/custom_all_reduce.py``) sums slice i on a
-side stream, in the same CUDA graph, as a decode graph would run it.
+side stream, in the same CUDA graph: the engine's own ``overlapped_row_parallel_linear``, as decode graphs run
+it with ``MINIVLLM_TP_DECODE_OVERLAP_SLICES``.
 
 Per row count and layer: the matmul alone, the all-reduce alone, the two in sequence (what the engine
 does now) and the sliced overlap, in microseconds per layer (a CUDA graph of ``--calls`` layers,
@@ -32,23 +33,26 @@ LAYERS = {"o_proj": 2048, "down_proj": 6144}  # K of Qwen3-8B's row-parallel lay
 N = 4096  # hidden size
 
 
-def _overlapped(x, w, y, car, slices: int, side: torch.cuda.Stream) -> None:
-    """``y = all_reduce(x @ w.T)``, slice by slice: slice i's sum on ``side`` while slice i + 1 multiplies."""
-    from minivllm.layers.overlapped_linear import chunk_bounds
+class _SlicedGroup:
+    """What ``overlapped_row_parallel_linear`` (the engine's path) asks of a ``TPGroup``: ``slices`` slices, each
+    summed by the custom all-reduce ``car`` on ``side``."""
 
-    main = torch.cuda.current_stream()
-    for lo, hi in chunk_bounds(x.shape[0], slices):
-        torch.matmul(x[lo:hi], w.t(), out=y[lo:hi])  # [hi - lo, N]
-        done = torch.cuda.Event()
-        done.record(main)
-        side.wait_event(done)
-        with torch.cuda.stream(side):
-            car.all_reduce(y[lo:hi])
-    main.wait_stream(side)
+    def __init__(self, car, side: torch.cuda.Stream, slices: int):
+        self.car, self.side, self.slices, self.num_overlapped_sums = car, side, slices, 0
+
+    def row_sum_plan(self, rows: int) -> tuple[int, bool]:
+        return self.slices, True
+
+    def all_reduce(self, t: torch.Tensor) -> None:
+        self.car.all_reduce(t)
+
+    def side_stream(self) -> torch.cuda.Stream:
+        return self.side
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
     from minivllm.kernels.pdl import pdl_for_rows
+    from minivllm.layers.overlapped_linear import overlapped_row_parallel_linear
     from minivllm.utils.custom_all_reduce import create_custom_all_reduce
 
     dev, store, comm = _connect(rank, world, port)
@@ -78,11 +82,13 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[d
                        "all_reduce_us": time_in_graph(lambda y=y: car.all_reduce(y), args.calls, args.iters),
                        "sequential_us": time_in_graph(seq, args.calls, args.iters), "overlapped_us": {}, "same": True}
                 for s in args.slices:
-                    _overlapped(x, w, y, car, s, side)
+                    group = _SlicedGroup(car, side, s)
+                    got = overlapped_row_parallel_linear(x, w, None, group)
                     torch.cuda.synchronize(dev)
-                    row["same"] &= bool(torch.equal(y, want))
+                    row["same"] &= bool(torch.equal(got, want))
                     row["overlapped_us"][s] = time_in_graph(
-                        lambda x=x, w=w, y=y, s=s: _overlapped(x, w, y, car, s, side), args.calls, args.iters)
+                        lambda x=x, w=w, group=group: overlapped_row_parallel_linear(x, w, None, group),
+                        args.calls, args.iters)
             rows.append(row)
     car.close()
     comm.abort()
