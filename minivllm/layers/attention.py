@@ -21,12 +21,14 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.backend = backend
         self.k_cache = self.v_cache = torch.tensor([])
+        # NOTE: read once, at construction (a decode graph's kernels are fixed at capture)
+        self.fused_kv_store = backend == "triton" and env_switch("MINIVLLM_FUSED_KV_STORE", True)
 
     def kv_store_args(self, v: torch.Tensor, meta: AttentionMetadata) -> tuple | None:
         """``(v, k_cache, v_cache, slot_mapping)`` for a kernel that stores this step's K/V itself (the
         fused q/k norm + RoPE), or None where the Triton backend or the cache is missing, or with
         ``MINIVLLM_FUSED_KV_STORE=0``."""
-        if self.backend != "triton" or self.k_cache.numel() == 0 or not env_switch("MINIVLLM_FUSED_KV_STORE", True):
+        if not self.fused_kv_store or self.k_cache.numel() == 0:
             return None
         return v, self.k_cache, self.v_cache, meta.slot_mapping
 
