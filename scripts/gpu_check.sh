@@ -27,6 +27,8 @@
 #   decodeoverlap: bench_decode_overlap.py (2 GPUs): decode-sized row-parallel matmuls whose custom all-reduce runs
 #                  slice by slice on a side stream under the next slice's matmul ($DECODE_OVERLAP_ARGS)
 #   sessiontests: the TP, PDL and custom all-reduce GPU tests
+#   nanovar: $VAR_WORKLOAD (default nano) on each of $VAR_MODELS (default qwen3-8b) once per entry of $VARIANTS
+#            ("name:VAR=value,VAR2=value"; name: alone = defaults), $VAR_REPEAT runs each (default 2); var_<model>_<name>.json
 #   tpvar: Qwen3-8B at TP=2 once per entry of $TP_VARIANTS, "name:VAR=value,VAR2=value" (name: alone = defaults),
 #          e.g. TP_VARIANTS="base: simple:NCCL_PROTO=Simple"; results in tp_8b_<name>.json
 #   arsweep: bench_all_reduce.py over the kernel shapes in $AR_CONFIGS (PROGRAMSxBLOCKxWARPS), the fused norm at
@@ -197,6 +199,10 @@ for f in sorted(glob.glob('$R/one_*_o*.json') + glob.glob('$R/nano_*_o*.json')):
     tpvar) for v in ${TP_VARIANTS:-base:}; do name=${v%%:*}; vars=${v#*:}; echo "== tp variant $name: ${vars:-defaults}"
              env ${vars//,/ } timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 --model benchmarks/configs/qwen3-8b \
                --tp 2 --json-out "$R/tp_8b_$name.json" 2>&1 | tail -3; save; done ;;
+    nanovar) for M in ${VAR_MODELS:-qwen3-8b}; do for v in ${VARIANTS:-base:}; do name=${v%%:*}; vars=${v#*:}
+               echo "== $M $name: ${vars:-defaults}"
+               env ${vars//,/ } timeout 240 $BENCH --model $M --workload ${VAR_WORKLOAD:-nano} --repeat ${VAR_REPEAT:-2} \
+                 --json-out "$R/var_${M}_$name.json" 2>&1 | grep -iE "tok/s|ms/token|error" | tail -3; save; done; done ;;
     arsweep) timeout 150 python3 benchmarks/bench_all_reduce.py --world 2 --configs ${AR_CONFIGS:-64x2048x8 128x2048x8 256x2048x8} \
                --json-out "$R/all_reduce_sweep.json" 2>&1 | tail -10
              for p in ${NORM_PROGRAMS:-64 128 256}; do MINIVLLM_CUSTOM_AR_PROGRAMS=$p timeout 100 python3 benchmarks/bench_all_reduce.py \
