@@ -36,13 +36,15 @@ def main(folder: str) -> None:
         ref = r.get("reference") or {}
         runs = ", ".join(f"{x['ms_per_token' if one else 'output_tok_s']:.2f}" for x in r.get("runs", []))
         sync = " (sync)" if (r.get("engine_args") or {}).get("async_scheduling") is False else ""
-        rows.append((f"{r['model_name']} {r['workload']}{sync}", r.get("device_name", "?"),
+        model = r.get("model_name") or r.get("model")
+        variant = path.stem.removeprefix(f"var_{model}_") if path.stem.startswith(f"var_{model}_") else ""
+        rows.append((f"{model} {r['workload']}{sync}{' ' + variant if variant else ''}", r.get("device_name", "?"),
                      "ms/token" if one else "output tok/s", ours, ref.get("vllm"), ref.get("target"), runs))
     print("\n== summary ==")
-    print(f"{'workload':<28}{'metric':<20}{'ours':>10}{'vLLM':>10}{'target':>10}  runs")
+    print(f"{'workload':<34} {'metric':<20}{'ours':>10}{'vLLM':>10}{'target':>10}  runs")
     for name, _dev, metric, ours, vllm, target, runs in rows:
         f = lambda v: f"{v:>10.2f}" if isinstance(v, (int, float)) else f"{'-':>10}"
-        print(f"{name:<28}{metric:<20}{f(ours)}{f(vllm)}{f(target)}  {runs or ''}")
+        print(f"{name:<34} {metric:<20}{f(ours)}{f(vllm)}{f(target)}  {runs or ''}")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ def pdl_max_rows() -> int:
 
     NOTE: 2 x H200, Qwen3-8B TP=2 decode (2026-11-23, ``profile_step.py --decode-rows``): 48 rows took 5.03 ms
     a step with PDL and 4.86 without (the custom all-reduce's in-engine cost 0.70 vs 0.46 ms), 240 rows 9.51
-    vs 9.56; one row gains with it. The 256-request run: 14,815 tok/s with the limit at 16, 14,585 off.
+    vs 9.56; one row gains with it. The 256-request run: 14,815 tok/s with the limit at 16, 14,585 off. At TP=1
+    too (H200, 2026-11-23, nano): 256 rows lost 0.5% on Qwen3-8B and 0.7% on one rank's shapes of it.
     """
     return env_int("MINIVLLM_PDL_MAX_ROWS", 16, what="a row count")
 
