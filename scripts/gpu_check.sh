@@ -18,7 +18,8 @@
 #         decode graphs (MINIVLLM_CUBLASLT_MAX_ROWS, default 128), and its GPU test
 #   ceoverlap: bench_ce_overlap.py (2 GPUs): copy-engine all-reduce of prefill partials, alone and overlapping the
 #              row-parallel matmuls in $CE_CHUNKS slices (default "1 4 8"); then NCCL alone at 128 MB
-#   proxy: the nano workload on $PROXY_MODELS (default qwen3-8b-tp2-rank: one rank's shapes of Qwen3-8B at TP=2, on one GPU)
+#   proxy: the nano workload on $PROXY_MODELS (default qwen3-8b-tp2-rank: one rank's shapes of Qwen3-8B at TP=2, on one GPU),
+#          $PROXY_REPEAT runs (default 2); var_<model>_base$PROXY_TAG.json
 #   proxyprofile: profile_step.py decode steps of $PROXY_ROWS rows on $PROXY_MODEL (default qwen3-8b-tp2-rank)
 #   attnmid: decode attention at 16-128 rows ($ATTN_HEADS, default TP=2 shapes of Qwen3-8B), unified vs split-KV factors
 #   fusab: the K/V store fused into the q/k norm + RoPE kernel: the GPU tests it touches, bench_fused_kv_store.py, then
@@ -71,6 +72,13 @@ BENCH="python3 -m minivllm.entrypoints.bench throughput"  # NOTE: `timeout` cann
 # NOTE: every section has a time limit and the results are archived after each one, so a section
 # that hangs cannot take the others' results with it.
 save() { [ -n "${OUT:-}" ] && tar czf "$OUT/results.tgz" -C "$R" . ; true; }
+# nano_variants MODELS VARIANTS REPEAT [WORKLOAD]: the workload on each model once per "name:VAR=value,..." variant
+nano_variants() {
+  for M in $1; do for v in $2; do name=${v%%:*}; vars=${v#*:}
+    echo "== $M $name: ${vars:-defaults}"
+    env ${vars//,/ } timeout 240 $BENCH --model $M --workload ${4:-nano} --repeat $3 --json-out "$R/var_${M}_$name.json" 2>&1 \
+      | grep -iE "tok/s|ms/token|error" | tail -3; save; done; done
+}
 for s in $sections; do
   case $s in
     tests) timeout 420 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider > "$R/gpu_tests.log" 2>&1; tail -15 "$R/gpu_tests.log" ;;
@@ -145,8 +153,7 @@ for s in $sections; do
               timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_gpu.py \
                 -k "(pdl_and_fused or fused_all_reduce_norm or sharded) and not untied" > "$R/tp_new_tests.log" 2>&1
               tail -4 "$R/tp_new_tests.log" ;;
-    proxy) for M in ${PROXY_MODELS:-qwen3-8b-tp2-rank}; do timeout 240 $BENCH --model $M --workload nano --repeat ${PROXY_REPEAT:-2} \
-             --json-out "$R/nano_$M${PROXY_TAG:-}.json" 2>&1 | grep -iE "tok/s|error" | tail -3; done ;;
+    proxy) nano_variants "${PROXY_MODELS:-qwen3-8b-tp2-rank}" "base${PROXY_TAG:-}:" "${PROXY_REPEAT:-2}" ;;
     proxyprofile) timeout 240 python3 benchmarks/profile_step.py --model benchmarks/configs/${PROXY_MODEL:-qwen3-8b-tp2-rank} \
                     --decode-rows ${PROXY_ROWS:-1 48 112 240} --decode-context 1000 > "$R/proxy_profile${PROXY_TAG:-}.txt" 2>&1
                   grep -E "^## decode|wall" "$R/proxy_profile${PROXY_TAG:-}.txt" | head -20 ;;
@@ -199,10 +206,7 @@ for f in sorted(glob.glob('$R/one_*_o*.json') + glob.glob('$R/nano_*_o*.json')):
     tpvar) for v in ${TP_VARIANTS:-base:}; do name=${v%%:*}; vars=${v#*:}; echo "== tp variant $name: ${vars:-defaults}"
              env ${vars//,/ } timeout 200 python3 benchmarks/tp_scaling.py --size-timeout 150 --model benchmarks/configs/qwen3-8b \
                --tp 2 --json-out "$R/tp_8b_$name.json" 2>&1 | tail -3; save; done ;;
-    nanovar) for M in ${VAR_MODELS:-qwen3-8b}; do for v in ${VARIANTS:-base:}; do name=${v%%:*}; vars=${v#*:}
-               echo "== $M $name: ${vars:-defaults}"
-               env ${vars//,/ } timeout 240 $BENCH --model $M --workload ${VAR_WORKLOAD:-nano} --repeat ${VAR_REPEAT:-2} \
-                 --json-out "$R/var_${M}_$name.json" 2>&1 | grep -iE "tok/s|ms/token|error" | tail -3; save; done; done ;;
+    nanovar) nano_variants "${VAR_MODELS:-qwen3-8b}" "${VARIANTS:-base:}" "${VAR_REPEAT:-2}" "${VAR_WORKLOAD:-nano}" ;;
     arsweep) timeout 150 python3 benchmarks/bench_all_reduce.py --world 2 --configs ${AR_CONFIGS:-64x2048x8 128x2048x8 256x2048x8} \
                --json-out "$R/all_reduce_sweep.json" 2>&1 | tail -10
              for p in ${NORM_PROGRAMS:-64 128 256}; do MINIVLLM_CUSTOM_AR_PROGRAMS=$p timeout 100 python3 benchmarks/bench_all_reduce.py \
