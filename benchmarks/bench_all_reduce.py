@@ -27,10 +27,9 @@ from datetime import timedelta
 
 import torch
 
-from minivllm.utils.rank_procs import run_ranks
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from graph_timing import time_in_graph  # noqa: E402
+from rank_procs import run_ranks  # noqa: E402
 
 SIZES_KB = [8, 32, 128, 512, 1024, 2048, 4096, 8192]
 
@@ -39,7 +38,7 @@ def _connect(rank: int, world: int, port: int):
     """This rank's GPU, the group's TCP store and a pynccl communicator over it."""
     import torch.distributed as dist
 
-    from minivllm.utils.pynccl import NcclCommunicator
+    from minivllm.distributed.pynccl import NcclCommunicator
 
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
@@ -48,7 +47,7 @@ def _connect(rank: int, world: int, port: int):
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
-    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
+    from minivllm.distributed.custom_all_reduce import create_custom_all_reduce
 
     dev, store, comm = _connect(rank, world, port)
     cars = []
@@ -124,9 +123,9 @@ def main_nccl(args: argparse.Namespace) -> None:
 
 
 def fused_norm_worker(rank: int, world: int, port: int, args: argparse.Namespace) -> list[dict]:
+    from minivllm.distributed.custom_all_reduce import create_custom_all_reduce
     from minivllm.kernels.fused_norm import fused_add_rms_norm
     from minivllm.kernels.one_shot_all_reduce import norm_tile_rows, one_shot_all_reduce_add_rms_norm
-    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
 
     dev, store, comm = _connect(rank, world, port)
     car = create_custom_all_reduce(store, rank, world, dev, lambda t: comm.all_reduce(t, "min"))
@@ -176,7 +175,7 @@ def main_fused_norm(args: argparse.Namespace) -> None:
     results = rank_results(fused_norm_worker, args)
     rows = results[0]
     print(f"all-reduce + add + RMSNorm of [M, {args.dim}] bf16 over {args.world} x {torch.cuda.get_device_name(0)}"
-          f" (CUDA graph of {args.calls}, {args.iters} replays; MINIVLLM_PDL={os.environ.get('MINIVLLM_PDL', '0')})")
+          f" (CUDA graph of {args.calls}, {args.iters} replays)")
     print(f"{'M':>6}{'2 kernels us':>14}" + "".join(f"{'fused t=' + str(t or 'auto'):>14}" for t in args.tile_rows)
           + f"{'exact':>7}")
     for i, r in enumerate(rows):

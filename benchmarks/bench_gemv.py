@@ -1,10 +1,10 @@
 """The Triton GEMV against cuBLAS (``F.linear``) at the decode shapes of Qwen3-8B and -32B, bf16.
 
-    PYTHONPATH=. python benchmarks/bench_gemv.py [--rows 1 48] [--configs 32x256x4x4 64x128x4x4s ...]
+    PYTHONPATH=. python benchmarks/bench_gemv.py [--rows 1 48] [--configs 32x256x4x4 8x256x6x2f ...]
 
 Each shape is timed as a CUDA graph of 20 calls cycling over enough weight copies (> 200 MB)
 that L2 cannot hold them; TB/s counts the weight bytes read. Configurations are
-``BLOCK_NxBLOCK_KxSTAGESxWARPS``, ``s`` appended for ``SWAP_AB`` (default: the kernel's own choice);
+``BLOCK_NxBLOCK_KxSTAGESxWARPS``, ``f`` appended for the FMA variant (default: the kernel's own choice);
 the table shows the fastest per shape, ``--all-out`` keeps every time. NOTE: the kernel only
 runs in the engine for weights of at least ``MIN_WEIGHT_NUMEL`` elements; smaller shapes here are
 measured to see where that bound should sit.
@@ -24,7 +24,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from graph_timing import time_in_graph  # noqa: E402
 
 from minivllm.kernels.gemv import gemv  # noqa: E402
-from minivllm.kernels.gemv_config import parse_config  # noqa: E402
+from minivllm.kernels.gemv_config import VARIANTS  # noqa: E402
+
+
+def parse_config(text: str) -> tuple[int, int, int, int, str]:
+    """``"BNxBKxSTAGESxWARPS"`` then a variant of ``VARIANTS`` (``"f"``: FMA): e.g. ``"8x256x6x2f"``."""
+    body = text.rstrip("f")
+    bn, bk, st, w = (int(v) for v in body.split("x"))
+    variant = text[len(body):]
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown GEMV variant {variant!r} in {text!r}; known: {VARIANTS}")
+    return bn, bk, st, w, variant
 
 
 def shapes(hidden: int, heads: int, kv_heads: int, inter: int, tp: int, head_dim: int = 128,

@@ -1,6 +1,6 @@
 """Time to first token of short requests queued behind one long prompt, chunked prefill on vs off.
 
-    python benchmarks/chunked_prefill_ttft.py --model benchmarks/configs/qwen3-0.6b          # GPU
+    python benchmarks/chunked_prefill_ttft.py --model qwen3-0.6b          # GPU
     python benchmarks/chunked_prefill_ttft.py --model PATH --device cpu --long-len 600 --short-len 16
 
 One long prompt arrives first and ``--num-short`` short prompts right behind it, all before the
@@ -17,6 +17,7 @@ import statistics
 import time
 
 from minivllm import LLM, SamplingParams
+from minivllm.entrypoints.bench.models import resolve_model  # noqa: E402
 
 
 def run(llm: LLM, long_ids: list[int], shorts: list[list[int]], out_len: int) -> list[tuple[str, int, int, float]]:
@@ -42,7 +43,7 @@ def run(llm: LLM, long_ids: list[int], shorts: list[list[int]], out_len: int) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="benchmarks/configs/qwen3-0.6b")
+    ap.add_argument("--model", default="qwen3-0.6b", help="a checkpoint folder or a shipped config name")
     ap.add_argument("--load-format", default=None, help="default: dummy for a folder without weights")
     ap.add_argument("--device", default=None)
     ap.add_argument("--long-len", type=int, default=3000)
@@ -53,6 +54,7 @@ def main() -> None:
     ap.add_argument("--long-prefill-threshold", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=4096)
     args = ap.parse_args()
+    args.model = resolve_model(args.model)[0]
     import glob
     import os
 
@@ -66,7 +68,7 @@ def main() -> None:
     results = {}
     for mode, kw in modes.items():
         llm = LLM(args.model, **common, **kw)
-        vocab = min(10000, llm.config.model_config.vocab_size)
+        vocab = min(10000, llm.config.model_config.arch.vocab_size)
         rng = random.Random(0)
         long_ids = [rng.randrange(vocab) for _ in range(args.long_len)]
         shorts = [[rng.randrange(vocab) for _ in range(args.short_len)] for _ in range(args.num_short)]

@@ -1,6 +1,6 @@
 """One decoder layer's decode-step kernels as the engine launches them (one tensor-parallel rank, no
-all-reduce), on random weights: ``bench_pdl.py`` times chains of them, ``tests/gpu/test_pdl_gpu.py``
-checks that programmatic dependent launch leaves their results unchanged.
+all-reduce), on random weights: ``tests/gpu/test_pdl_gpu.py`` checks that programmatic dependent launch
+leaves their results unchanged.
 
 The defaults are a Qwen3-8B layer on one of 2 ranks: hidden 4096, 16 query and 4 KV heads of 128,
 intermediate 6144; every row decodes one token after a context of its own length.
@@ -16,7 +16,6 @@ from minivllm.kernels.fused_norm import fused_add_rms_norm, rms_norm
 from minivllm.kernels.fused_rope import qk_norm_rope
 from minivllm.kernels.gemv import gemv
 from minivllm.kernels.paged_decode import paged_decode
-from minivllm.kernels.store_kvcache import store_kvcache
 
 EPS = 1e-6
 BLOCK_SIZE = 256
@@ -59,15 +58,15 @@ class DecodeLayer:
         self.residual = rnd(rows, hidden)  # [rows, hidden]
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's 11 kernels: norm, qkv, q/k norm + RoPE, KV store, attention (split-KV: 2), o,
+        """The layer's 10 kernels: norm, qkv, q/k norm + RoPE + KV store, attention (split-KV: 2), o,
         add + norm, gate_up, SiLU-and-mul, down. Returns ``(mlp output, new residual)``, each [rows, hidden]."""
         n, hq, hkv, hd = self.rows, self.heads, self.kv_heads, self.head_dim
         h = rms_norm(x, self.norm1, EPS)  # [n, hidden]
         qkv = gemv(h, self.w_qkv)  # [n, (hq + 2 hkv) hd]
         q, k, v = qkv.split([hq * hd, hkv * hd, hkv * hd], dim=-1)
         q, k = qk_norm_rope(q.view(n, hq, hd), k.view(n, hkv, hd), self.positions, self.cos_sin,
-                            self.q_norm, self.k_norm, EPS, inplace=True)
-        store_kvcache(k, v.view(n, hkv, hd), self.k_cache, self.v_cache, self.slots)
+                            self.q_norm, self.k_norm, EPS, inplace=True,
+                            kv_store=(v.view(n, hkv, hd), self.k_cache, self.v_cache, self.slots))
         o = paged_decode(q, self.k_cache, self.v_cache, self.context_lens, self.block_tables, hd**-0.5,
                          self.max_context)  # [n, hq, hd]
         y = gemv(o.view(n, hq * hd), self.w_o)  # [n, hidden]

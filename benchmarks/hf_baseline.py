@@ -19,8 +19,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from minivllm.entrypoints.bench import common, reference, throughput  # noqa: E402
+from reference import lookup  # noqa: E402
+
+from minivllm.entrypoints.bench import common, throughput  # noqa: E402
 
 
 def build_hf_model(path: str, dummy: bool, device: str, dtype: str, attn: str):
@@ -92,17 +95,14 @@ def main(argv: list[str] | None = None) -> dict:
         argv2 = ["--workload", "fixed-batch", "--num-requests", str(args.batch_size), "--input-len",
                  str(args.input_len), "--output-len", str(args.output_len), "--model", args.model,
                  "--seed", str(args.seed), "--device", device, "--dtype", dtype]
-        for flag, name, typ in common.ENGINE_FLAGS:
-            v = getattr(args, name)
-            if name not in ("device", "dtype") and v is not None:
-                argv2 += ([flag] if v else ["--no-" + flag[2:]]) if typ is None else [flag, str(v)]
-        for item in args.engine_arg:
-            argv2 += ["--engine-arg", item]
+        for name, value in kw.items():  # the engine arguments of this command line, passed on as they are
+            if name not in ("device", "dtype"):
+                argv2 += ["--engine-arg", f"{name}={value!r}"]
         ours_result = throughput.main(argv2)
         ours = ours_result["output_tok_s"]
 
     meta = common.metadata(args, path, dict(kw, device=device, dtype=dtype))
-    ref = reference.lookup(meta["device_name"], 1, meta["model_name"], "fixed-batch")
+    ref = lookup(meta["device_name"], 1, meta["model_name"], "fixed-batch")
     default_sizes = (args.batch_size, args.input_len, args.output_len) == (256, 256, 256)
     result = {"benchmark": "hf_baseline", **meta, "batch_size": args.batch_size, "input_len": args.input_len,
               "output_len": args.output_len, "dtype": dtype, "attn_implementation": args.attn_implementation,

@@ -5,7 +5,7 @@ then runs a list of small scenarios twice. For each it prints the first and seco
 the kernels that compiled during the first pass, with the argument specialisations that made them new
 (Triton specialises integer arguments on ``== 1`` and ``% 16 == 0`` and pointers on 16-byte alignment).
 
-    python3 benchmarks/lazy_compiles.py --model benchmarks/configs/qwen3-0.6b [--json-out F]
+    python3 benchmarks/lazy_compiles.py --model qwen3-0.6b [--json-out F]
 
 A scenario whose first pass compiled nothing and takes about as long as its second is what users should see.
 """
@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> dict:
     startup_s = time.perf_counter() - t0
     cache_dir = os.environ.get("TRITON_CACHE_DIR")
     cached_at_start = cache_kernels(cache_dir)
-    vocab = min(10000, llm.config.model_config.vocab_size - 1)
+    vocab = min(10000, llm.config.model_config.arch.vocab_size - 1)
     rows = []
     cfg = llm.config
-    long_len = min(cfg.max_model_len - 16, cfg.max_num_batched_tokens + 3001)
+    long_len = min(cfg.model_config.max_model_len - 16, cfg.scheduler_config.max_num_batched_tokens + 3001)
     passes = [scenarios(vocab, long_len, seed) for seed in (1, 2)]
     for i, (name, _, sp) in enumerate(passes[0]):
         times = []

@@ -1,6 +1,6 @@
 """Profile engine steps on a GPU: host time per phase, kernel time by name, idle gaps.
 
-    PYTHONPATH=. python benchmarks/profile_step.py --model benchmarks/configs/qwen3-0.6b
+    PYTHONPATH=. python benchmarks/profile_step.py --model qwen3-0.6b
 
 Phases are timed with host clocks around each part of ``LLMEngine.step``; kernels come from
 ``torch.profiler``. Prints one table per scenario: one request decoding, and 256 requests from
@@ -27,7 +27,8 @@ from collections import Counter, defaultdict
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine import model_runner as mr
+from minivllm.entrypoints.bench.models import resolve_model  # noqa: E402
+from minivllm.worker import model_runner as mr
 
 _BUILD_STEP_INPUTS = mr.build_step_inputs
 
@@ -73,8 +74,7 @@ def instrument(llm: LLM, sync: bool) -> PhaseTimer:
     pt.wrap(runner, "_sample", "sample" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
     pt.wrap(runner, "_sample_sharded", "sample" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
     pt.wrap(mr.StepHandle, "result", "wait for tokens")
-    pt.wrap(llm.scheduler, "advance", "advance (scheduler)")
-    pt.wrap(llm.scheduler, "resolve", "resolve (scheduler)")
+    pt.wrap(llm.scheduler, "update_from_output", "update from output (scheduler)")
     pt.wrap(llm, "_snapshot", "outputs / detokenize")
     pt.wrap(llm, "step", "whole step")
     return pt
@@ -144,7 +144,7 @@ def kernel_categories(prof, steps: int) -> None:
 
 def run_decode_batch(llm: LLM, rows: int, context: int, steps: int = 30) -> None:
     """``rows`` requests of ``context`` prompt tokens, all decoding; ``steps`` decode steps profiled."""
-    vocab = min(10000, llm.config.model_config.vocab_size - 1)
+    vocab = min(10000, llm.config.model_config.arch.vocab_size - 1)
     for _ in range(rows):
         llm.add_request([random.randint(0, vocab) for _ in range(context)],
                         SamplingParams(temperature=0.6, max_tokens=2 * steps + 40, ignore_eos=True))
@@ -211,7 +211,7 @@ def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool, s
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="benchmarks/configs/qwen3-0.6b")
+    ap.add_argument("--model", default="qwen3-0.6b", help="a checkpoint folder or a shipped config name")
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--no-kernels", action="store_true", help="skip the torch.profiler kernel table")
     ap.add_argument("--load-format", default="dummy")
@@ -224,20 +224,21 @@ def main() -> None:
                     help="instead of the two scenarios: decode batches of these many rows, by kernel category")
     ap.add_argument("--decode-context", type=int, default=1000)
     args = ap.parse_args()
+    args.model = resolve_model(args.model)[0]
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.max_model_len,
               enforce_eager=args.enforce_eager, device=args.device, tensor_parallel_size=args.tp,
               **({"async_scheduling": False} if args.sync_phases else {}))
-    print(f"async_scheduling={llm.config.async_scheduling}")
+    print(f"async_scheduling={llm.config.scheduler_config.async_scheduling}")
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
     random.seed(0)
     if args.decode_rows:
         for rows in args.decode_rows:
             run_decode_batch(llm, rows, args.decode_context)
         return
-    one = [[random.randint(0, min(10000, llm.config.model_config.vocab_size - 1)) for _ in range(128)]]
+    one = [[random.randint(0, min(10000, llm.config.model_config.arch.vocab_size - 1)) for _ in range(128)]]
     run_scenario(llm, one, [SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)],
                  "one request, decode", not args.no_kernels, args.sync_phases)
-    batch = [[random.randint(0, min(10000, llm.config.model_config.vocab_size - 1)) for _ in range(random.randint(100, 1024))] for _ in range(256)]
+    batch = [[random.randint(0, min(10000, llm.config.model_config.arch.vocab_size - 1)) for _ in range(random.randint(100, 1024))] for _ in range(256)]
     params = [SamplingParams(temperature=0.6, max_tokens=300, ignore_eos=True) for _ in batch]
     run_scenario(llm, batch, params, "256 requests (nano-like), from admission", not args.no_kernels,
                  args.sync_phases)

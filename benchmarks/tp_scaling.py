@@ -9,7 +9,7 @@ wall time / 512 (and TPOT, the decode part alone). Each TP size runs in a fresh 
 GPU memory and worker processes are released between sizes. Scaling efficiency at TP=k is
 tok/s(k) / (k * tok/s(1)).
 
-    python benchmarks/tp_scaling.py --model benchmarks/configs/qwen3-8b --tp 1 2 4 --json-out runs/tp_8b.json
+    python benchmarks/tp_scaling.py --model qwen3-8b --tp 1 2 4 --json-out runs/tp_8b.json
 
 ``--rank-proxy`` also runs, for each TP size k > 1, one rank's shapes as a model at TP=1 (``rank_proxy.py``)
 and prints, step kind by step kind, the TP run's time over it: what tensor parallelism costs.
@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from minivllm.entrypoints.bench.models import resolve_model  # noqa: E402
 
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -89,7 +91,7 @@ def measure(args: argparse.Namespace) -> dict:
     llm = LLM(args.model, **kw)
     try:
         startup = time.perf_counter() - t0
-        vocab = llm.config.model_config.vocab_size
+        vocab = llm.config.model_config.arch.vocab_size
         prompts, params = _workload(args, vocab)
         warm = random.Random(12345)  # NOTE: other prompts than the workload's, so no prefix-cache hits
         hi = min(10000, vocab - 1)
@@ -122,8 +124,8 @@ def measure(args: argparse.Namespace) -> dict:
         return {"tp": args.tp, "startup_s": startup, "kv_blocks": llm.executor.num_kvcache_blocks,
                 "throughput_tok_s": out_tokens / elapsed, "throughput_elapsed_s": elapsed,
                 "output_tokens": out_tokens, "latency_s": latency, "ms_per_token": 1000 * latency / n,
-                "tpot_ms": 1000 * tpot, "step_breakdown": breakdown, "device": llm.config.device, "dtype": llm.config.dtype,
-                "kv_cache_dtype": llm.config.kv_cache_dtype,
+                "tpot_ms": 1000 * tpot, "step_breakdown": breakdown, "device": llm.config.device_config.device, "dtype": llm.config.model_config.dtype,
+                "kv_cache_dtype": llm.config.cache_config.kv_cache_dtype,
                 "custom_all_reduce": getattr(getattr(llm.executor.runner, "tp_group", None), "custom_ar", None) is not None,
                 "env": {k: v for k, v in os.environ.items() if k.startswith(("MINIVLLM_", "NCCL_"))}}
     finally:
@@ -166,7 +168,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="a folder with config.json (weights are not read)")
+    p.add_argument("--model", required=True, help="a folder with config.json or a shipped config name (weights "
+                                                  "are not read)")
     p.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4], help="tensor-parallel sizes")
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--max-input-len", type=int, default=1024)
@@ -185,6 +188,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "time goes (benchmarks/rank_proxy.py)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.model = resolve_model(args.model)[0]
     if args.worker:
         args.tp = args.tp[0]
         print(json.dumps(measure(args)), flush=True)

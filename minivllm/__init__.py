@@ -1,7 +1,18 @@
-"""minivllm: a small, fast LLM inference engine in the nano-vLLM design."""
+"""minivllm: a small, fast LLM inference engine in the nano-vLLM design.
 
-from minivllm.llm import LLM
+``LLM`` is imported on first use, so the pure-Python parts (``minivllm.core``, ``minivllm.config``) load
+without torch.
+"""
+
 from minivllm.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from minivllm.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'minivllm' has no attribute {name!r}")

@@ -23,39 +23,33 @@ from minivllm.kernels import (
     gemv,
     paged_attention,
     paged_decode,
-    store_kvcache,
 )
 from minivllm.kernels import gumbel_sample as gs
 from minivllm.kernels import one_shot_all_reduce as ar
 
 TARGET = GPUTarget("cuda", 90, 32)
-AR_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "cap": "i32", "ptrs": "*i64", "counters": "*i32",
-          "waits": "*i64"}
+AR_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "cap": "i32", "ptrs": "*i64", "counters": "*i32"}
 NORM_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32", "D": "i32", "eps": "fp32",
-            "cap": "i32", "ptrs": "*i64", "counters": "*i32", "waits": "*i64"}
+            "cap": "i32", "ptrs": "*i64", "counters": "*i32"}
 KERNELS = [
-    *[(f"one-shot all-reduce, {w} ranks, wait ring {ring}{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_kernel, AR_SIG,
-       {"RANK": 0, "WORLD": w, "BLOCK": 2048, "CHECK_EVERY": 1024, "WAIT_RING": ring, "TIMED_ABORT": pdl, "USE_PDL": pdl})
-      for w in (2, 4) for ring, pdl in ((0, False), (64, True))],
-    *[(f"all-reduce + add + RMSNorm, {w} ranks, wait ring {ring}{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_add_rms_norm_kernel,
-       NORM_SIG, {"RANK": 1, "WORLD": w, "BLOCK_D": 4096, "ROWS": 2, "CHECK_EVERY": 1024, "WAIT_RING": ring, "TIMED_ABORT": pdl, "USE_PDL": pdl})
-      for w in (2, 4) for ring, pdl in ((0, False), (64, True))],
-    *[(f"GEMV, {bm}-row tile{', SWAP_AB' if swap else ''} (PDL)", gemv._gemv_kernel,
+    *[(f"one-shot all-reduce, {w} ranks{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_kernel, AR_SIG,
+       {"RANK": 0, "WORLD": w, "BLOCK": 2048, "CHECK_EVERY": 1024, "TIMED_ABORT": pdl, "USE_PDL": pdl})
+      for w in (2, 4) for pdl in (False, True)],
+    *[(f"all-reduce + add + RMSNorm, {w} ranks{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_add_rms_norm_kernel,
+       NORM_SIG, {"RANK": 1, "WORLD": w, "BLOCK_D": 4096, "ROWS": 2, "CHECK_EVERY": 1024, "TIMED_ABORT": pdl,
+                  "USE_PDL": pdl})
+      for w in (2, 4) for pdl in (False, True)],
+    *[(f"GEMV, {bm}-row tile (PDL)", gemv._gemv_kernel,
        {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
         "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
        {"HAS_BIAS": False, "DOT_F32": False, "BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 256 if bm <= 64 else 128,
-        "NUM_STAGES": 4, "SWAP_AB": swap, "USE_PDL": True})
-      for bm, swap in ((16, False), (128, False), (16, True))],
+        "NUM_STAGES": 4, "USE_PDL": True})
+      for bm in (16, 128)],
     *[(f"GEMV, one row, FMA, {bn}x{bk} (PDL)", gemv._gemv_fma_kernel,
        {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32",
         "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
        {"HAS_BIAS": True, "BLOCK_N": bn, "BLOCK_K": bk, "NUM_STAGES": st, "USE_PDL": True})
       for bn, bk, st in ((8, 256, 6), (16, 256, 4), (16, 512, 3))],
-    ("GEMV, TMA tiles, SWAP_AB (PDL)", gemv._gemv_tma_kernel,
-     {"x_desc": "tensordesc<bf16[16,128]>", "w_desc": "tensordesc<bf16[64,128]>", "bias_ptr": "*bf16",
-      "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32"},
-     {"HAS_BIAS": False, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "NUM_STAGES": 6, "SWAP_AB": True,
-      "DOT_F32": False, "USE_PDL": True}),
     ("add + RMSNorm (PDL)", fused_norm._rms_norm_kernel,
      {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
       "stride_x": "i32", "stride_res": "i32", "stride_out": "i32", "stride_res_out": "i32", "d": "i32", "eps": "fp32"},
@@ -74,11 +68,6 @@ KERNELS = [
        {"HALF": 64, "HAS_NORM": True, "BLOCK_H": 8, "BLOCK_HALF": 64, "STORE_KV": store, "CACHE_BLOCK": 256,
         "SAT": sat, "USE_PDL": True})
       for store, cache, sat in ((False, "*bf16", 0.0), (True, "*bf16", 0.0), (True, "*fp8e4nv", 448.0))],
-    ("KV store (PDL)", store_kvcache._store_kvcache_kernel,
-     {**dict.fromkeys(("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr"), "*bf16"), "slot_mapping_ptr": "*i64",
-      **dict.fromkeys(("stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_kcb", "stride_kcs", "stride_kch",
-                       "stride_vcb", "stride_vcs", "stride_vch"), "i32")},
-     {"NUM_KV_HEADS": 4, "HEAD_DIM": 128, "BLOCK_H": 4, "BLOCK_D": 128, "BLOCK_SIZE": 256, "SAT": 0, "USE_PDL": True}),
     ("split-KV decode (PDL)", paged_decode._split_kv_decode_kernel,
      {**dict.fromkeys(("m_part_ptr", "l_part_ptr", "acc_part_ptr"), "*fp32"), "q_ptr": "*bf16", "k_cache_ptr": "*bf16",
       "v_cache_ptr": "*bf16", "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32",

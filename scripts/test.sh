@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Set up, then run the test suite (GPU tests skip without CUDA; Triton kernels run in the interpreter).
+# Set up (once), then lint and run the whole test suite on the CPU: the fast tier and the slow tier
+# (GPU tests skip without CUDA; Triton kernels run in Triton's interpreter). What CI runs.
+#   bash scripts/test.sh [PYTEST ARGS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh server,triton,test
 PY=${PYTHON:-python3}
 "$PY" -m ruff check minivllm tests benchmarks scripts
-"$PY" -m pytest -q "$@"
+"$PY" -m pytest -q -m "" tests benchmarks/tests "$@"

@@ -1,6 +1,10 @@
-"""Greedy references from Hugging Face transformers, one prompt at a time (no padding)."""
+"""Greedy references from Hugging Face transformers, one prompt at a time (no padding).
 
-from functools import lru_cache
+Every reference is computed once per test session (per pytest process): the models and the generations are
+cached, by (path, prompt token ids, number of new tokens) for ``hf_greedy``.
+"""
+
+from functools import cache, lru_cache
 
 import torch
 
@@ -12,13 +16,19 @@ def _hf_model(path: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+@cache
+def _hf_greedy(path: str, prompt_ids: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
     model = _hf_model(path)
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt_ids):].tolist()
+    return tuple(out[0, len(prompt_ids):].tolist())
+
+
+def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy ``max_new_tokens`` tokens after ``prompt_ids`` (float32; cached)."""
+    return list(_hf_greedy(str(path), tuple(prompt_ids), max_new_tokens))
 
 
 def hf_logits(path: str, token_ids: list[int]) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -36,3 +38,32 @@ def close_to_layer(out, layer_out, dtype, max_frac=0.05):
     ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}[dtype]
     torch.testing.assert_close(out, layer_out, rtol=ulp, atol=ulp * layer_out.abs().max().item())
     assert (out != layer_out).float().mean().item() < max_frac, "too many elements differ from the torch layer"
+
+
+def gpu_rounding_in_interpreter(monkeypatch) -> bool:
+    """Under ``TRITON_INTERPRET=1``: make the interpreter's float32 -> bfloat16 and float32 -> float8 (e4m3)
+    casts round to nearest even, as GPUs (and torch) do; True if patched.
+
+    NOTE: the interpreter converts float32 -> bfloat16 by truncation, and float32 -> e4m3 drops the rounding
+    carry into the exponent (1.97 -> 1.0 instead of 2.0).
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    from triton.runtime import interpreter
+
+    orig = getattr(interpreter, "_convert_float", None)
+    if orig is None:
+        return False
+    import numpy as np
+    import triton.language as tl
+
+    def convert(x, src_ty, dst_ty, rounding_mode):
+        if src_ty == tl.float32 and dst_ty in (tl.bfloat16, tl.float8e4nv):
+            t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+            if dst_ty == tl.bfloat16:
+                return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).reshape(np.shape(x))
+            return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(np.shape(x))
+        return orig(x, src_ty, dst_ty, rounding_mode)
+
+    monkeypatch.setattr(interpreter, "_convert_float", convert)
+    return True

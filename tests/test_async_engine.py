@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from minivllm.engine.async_engine import AsyncLLM, EngineDeadError, EngineNotReadyError
-from minivllm.entrypoints.metrics import PrometheusStatLogger
+from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.outputs import CompletionOutput, RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
@@ -28,7 +28,7 @@ class FakeEngine:
         self.thread_ids: set[int] = set()
         self.closed = False
         self.tokenizer = None
-        self.config = SimpleNamespace(max_model_len=64)
+        self.config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64))
 
     def add_request(self, prompt, params, request_id=None, stream=False, strict_length=False):
         self.thread_ids.add(threading.get_ident())
@@ -218,7 +218,7 @@ def test_shutdown_aborts_requests_in_flight():
 def test_app_on_fake_engine_answers_503_while_loading_and_after_failure():
     from fastapi.testclient import TestClient
 
-    from minivllm.entrypoints.openai_server import build_app
+    from minivllm.entrypoints.openai.api_server import build_app
 
     gate, engine = threading.Event(), FakeEngine(fail_at_step=1)
     app = build_app(AsyncLLM(lambda: gate.wait(10) and engine), "fake")

@@ -1,8 +1,9 @@
 """Asynchronous scheduling in the pure-Python layer: the same tokens as synchronous scheduling.
 
-A fake device samples each row's token from the sequence's *device-side* token list (the
-known tokens, with placeholders replaced by the values sampled for them), as the GPU does;
-the host only learns the values one step later (``resolve``). Random workloads with EOS
+A fake device keeps a paged cache of token values, written and read only through the frozen scheduler
+outputs (the rows' new tokens and block tables, a placeholder's value read from the previous step's
+sampled row), and samples each row's token from the context it reads back, as the GPU does; the host only learns the values one step later
+(``update_from_output``). Random workloads with EOS
 stops, chunked prefill, prefix caching and preemption must end with exactly the tokens and
 finish reasons of the synchronous loop, with the invariants intact after every step.
 """
@@ -10,10 +11,11 @@ finish reasons of the synchronous loop, with the invariants intact after every s
 from hypothesis import HealthCheck, given, settings
 from test_scheduler_property import workloads
 
-from minivllm.engine.block_manager import BlockManager
-from minivllm.engine.scheduler import Scheduler
-from minivllm.engine.sequence import PLACEHOLDER, Sequence
+from minivllm.core.block_manager import BlockManager
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.sequence import PLACEHOLDER, Sequence
 from minivllm.sampling_params import SamplingParams
+from scheduler_utils import new_seq
 
 EOS = 0
 
@@ -26,24 +28,29 @@ def fake_token(tokens: list[int], index: int) -> int:
 
 
 class FakeDevice:
-    """Holds the sampled values of placeholders, keyed by (seq_id, position)."""
+    """The device side of a step: a paged KV cache holding token values, filled and read through the rows'
+    block tables only (prefix-cache hits read blocks another sequence wrote)."""
 
-    def __init__(self, index_of: dict[int, int]):
-        self.values: dict[tuple[int, int], int] = {}
-        self.index_of = index_of
+    def __init__(self, index_of: dict[int, int], block_size: int):
+        self.kv: dict[int, int] = {}  # slot -> the token whose K/V it holds
+        self.index_of, self.block_size = index_of, block_size
+        self.last: list[int] = []  # the previous launched step's sampled tokens, by row
+
+    def _slot(self, row, pos: int) -> int:
+        return row.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def sample(self, scheduler_output) -> list[int]:
-        tokens = []
-        for seq, n in scheduler_output.scheduled:
-            if seq.num_computed_tokens + n != seq.num_tokens:
-                continue
-            truth = [self.values[(seq.seq_id, pos)] if t == PLACEHOLDER else t for pos, t in enumerate(seq.token_ids)]
-            tokens.append(fake_token(truth, self.index_of[seq.seq_id]))
-        return tokens
-
-    def record(self, seqs: list[Sequence], tokens: list[int]) -> None:
-        for seq, t in zip(seqs, tokens, strict=True):
-            self.values[(seq.seq_id, seq.num_tokens - 1)] = t
+        sampled = []
+        for row in scheduler_output.rows:
+            new = [self.last[row.prev_sampled_row]] if row.prev_sampled_row >= 0 else list(row.token_ids)
+            assert PLACEHOLDER not in new
+            for i, t in enumerate(new):
+                self.kv[self._slot(row, row.num_computed_tokens + i)] = t
+            if row.sampled:
+                context = [self.kv[self._slot(row, p)] for p in range(row.num_computed_tokens + len(new))]
+                sampled.append(fake_token(context, self.index_of[row.seq_id]))
+        self.last = sampled
+        return sampled
 
 
 def run(workload, async_scheduling: bool):
@@ -53,24 +60,21 @@ def run(workload, async_scheduling: bool):
     sched = Scheduler(bm, max_model_len=max_model_len, eos_token_ids=[EOS], **cfg)
     pending = sorted(enumerate(reqs), key=lambda x: x[1][0])
     seqs: dict[int, Sequence] = {}
-    device = FakeDevice({})
+    device = FakeDevice({}, block_size)
     inflight = None
     wasted = 0
     step = 0
     while pending or not sched.is_finished() or inflight is not None:
         while pending and pending[0][1][0] <= step:
             i, (_, prompt, max_tokens) = pending.pop(0)
-            seqs[i] = Sequence(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=i % 3 == 0))
+            seqs[i] = new_seq(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=i % 3 == 0))
             device.index_of[seqs[i].seq_id] = i
             sched.add(seqs[i])
         out = sched.schedule()
         assert out.num_batched_tokens <= cfg["max_num_batched_tokens"]
         launched = None
         if not out.is_empty:
-            tokens = device.sample(out)
-            sampled = sched.advance(out)
-            device.record(sampled, tokens)
-            launched = (sampled, tokens)
+            launched = (out, device.sample(out))
         elif not sched.is_finished():
             assert inflight is not None, "a step with unfinished work and nothing in flight computed nothing"
         if async_scheduling:
@@ -78,13 +82,13 @@ def run(workload, async_scheduling: bool):
         else:
             previous, inflight = launched, None
         if previous is not None:
-            rows = sched.resolve(*previous)
-            wasted += len(previous[0]) - len(rows)
+            rows = sched.update_from_output(*previous)
+            wasted += len(previous[0].sampled) - len(rows)
         counts = sched.check_integrity()
         assert counts["used"] + counts["cached"] + counts["free"] == num_blocks
         step += 1
         assert step < 100_000
-    assert bm.check_integrity([])["used"] == 0
+    assert bm.check_integrity()["used"] == 0
     return {i: (s.token_ids, s.finish_reason, s.num_pending_tokens) for i, s in seqs.items()}, wasted
 
 
@@ -101,19 +105,17 @@ def test_async_scheduling_gives_the_synchronous_tokens(workload):
 def test_a_stop_found_late_costs_one_row_and_leaves_no_placeholder():
     bm = BlockManager(8, 16)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64, eos_token_ids=[EOS])
-    seq = Sequence([5, 6, 7], SamplingParams(max_tokens=10))
+    seq = new_seq([5, 6, 7], SamplingParams(max_tokens=10))
     sched.add(seq)
     out1 = sched.schedule()  # prefill
-    rows1 = sched.advance(out1)
     assert seq.token_ids == [5, 6, 7, PLACEHOLDER] and seq.pending_row == 0
     out2 = sched.schedule()  # decodes the placeholder before its value is known
-    assert out2.scheduled == [(seq, 1)]
-    rows2 = sched.advance(out2)
+    assert [(r.seq_id, r.num_computed_tokens, r.prev_sampled_row) for r in out2.rows] == [(seq.seq_id, 3, 0)]
     assert seq.token_ids == [5, 6, 7, PLACEHOLDER, PLACEHOLDER] and seq.num_pending_tokens == 2
-    assert sched.resolve(rows1, [EOS]) == [(0, seq)]
+    assert sched.update_from_output(out1, [EOS]) == [(0, seq)]
     assert seq.is_finished and seq.finish_reason == "stop" and seq.token_ids == [5, 6, 7, EOS]
     assert bm.num_used_blocks == 0
-    assert sched.resolve(rows2, [9]) == []  # the wasted row is dropped
+    assert sched.update_from_output(out2, [9]) == []  # the wasted row is dropped
     assert seq.token_ids == [5, 6, 7, EOS]
     sched.check_integrity()
 
@@ -121,15 +123,13 @@ def test_a_stop_found_late_costs_one_row_and_leaves_no_placeholder():
 def test_a_block_completed_by_a_placeholder_is_cached_once_known():
     bm = BlockManager(8, 4)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, eos_token_ids=[EOS])
-    seq = Sequence([5, 6, 7], SamplingParams(max_tokens=10, ignore_eos=True))
+    seq = new_seq([5, 6, 7], SamplingParams(max_tokens=10, ignore_eos=True))
     sched.add(seq)
-    rows = sched.advance(sched.schedule())  # token 4 of block 0 is a placeholder
-    out = sched.schedule()
+    first = sched.schedule()  # token 4 of block 0 is a placeholder
+    sched.schedule()
     assert bm.hash_to_block_id == {}  # block 0 is full of slots but its last value is unknown
-    prev = rows
-    rows = sched.advance(out)
-    sched.resolve(prev, [8])
-    sched.advance(sched.schedule())  # the next allocation registers block 0
-    assert bm.blocks[seq.block_table[0]].token_ids == [5, 6, 7, 8]
-    assert seq.num_registered_blocks == 1
+    sched.update_from_output(first, [8])
+    sched.schedule()  # the next allocation registers block 0
+    assert bm.blocks[bm.block_table(seq.seq_id)[0]].token_ids == [5, 6, 7, 8]
+    assert bm._registered[seq.seq_id] == 1
     sched.check_integrity()

@@ -99,6 +99,7 @@ def test_tokens_arrive_one_step_later_and_abort_in_flight(tiny_tied_model):
     assert asyn.block_manager.num_used_blocks == 0
 
 
+@pytest.mark.slow
 def test_tensor_parallel_async_matches(tiny_tied_model):
     import torch
 

@@ -16,6 +16,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_every_scenario_runs_without_the_interpreter(tiny_tied_model, tp, tmp_path):
     """``benchmarks/lazy_compiles.py``'s nine scenarios (greedy, temperature, top-k/top-p, logprobs, a prefix

@@ -76,7 +76,7 @@ def expected_norm(call: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _rank_main(rank: int, world: int, paths: list[tuple[str, str]], queue) -> None:
     try:
-        from minivllm.utils.custom_all_reduce import CustomAllReduce
+        from minivllm.distributed.custom_all_reduce import CustomAllReduce
 
         maps = [(_map(d, 2 * world * CAPACITY), _map(f, PROGRAMS * world * 4)) for d, f in paths]  # keep mapped
         car = CustomAllReduce(rank, world, [d.data_ptr() for d, _ in maps], [f.data_ptr() for _, f in maps],
@@ -101,6 +101,7 @@ def _rank_main(rank: int, world: int, paths: list[tuple[str, str]], queue) -> No
         queue.put((rank, repr(e), None))
 
 
+@pytest.mark.slow  # 8-12 s: spawned processes running the kernel in the interpreter
 @pytest.mark.parametrize("world", [2, 3])
 def test_one_shot_all_reduce_across_processes(world):
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -146,7 +147,7 @@ def test_one_shot_all_reduce_across_processes(world):
 
 def _lonely(capacity: int = 4096):
     """Rank 0 of 2 whose peer never comes: buffers are plain tensors in this process."""
-    from minivllm.utils.custom_all_reduce import CustomAllReduce
+    from minivllm.distributed.custom_all_reduce import CustomAllReduce
 
     bufs = [torch.zeros(2 * 2 * capacity, dtype=torch.uint8) for _ in range(2)]
     flags = [torch.zeros(PROGRAMS * 2, dtype=torch.int32) for _ in range(2)]
@@ -167,6 +168,8 @@ def test_abort_ends_a_wait_for_a_peer_that_never_comes():
 
 
 def test_fused_norm_fits_and_clear_errors():
+    from minivllm.distributed.custom_all_reduce import FUSED_NORM_MAX_ROWS
+
     car, _keep = _lonely(capacity=4096)
     x, r, w = torch.ones(4, 64), torch.ones(4, 64), torch.ones(64)
     assert car.fits_add_rms_norm(x, r, w)
@@ -175,21 +178,13 @@ def test_fused_norm_fits_and_clear_errors():
     assert not car.fits_add_rms_norm(x.view(-1), r.view(-1), w)  # not [M, D]
     assert not car.fits_add_rms_norm(x, r, torch.ones(32))
     assert not car.fits_add_rms_norm(torch.ones(32, 64), torch.ones(32, 64), w)  # 8 KB: over the capacity
-    assert car.max_norm_rows == 16  # MINIVLLM_FUSED_AR_NORM_MAX_ROWS unset
+    assert car.max_norm_rows == FUSED_NORM_MAX_ROWS == 16
+    assert car.fits_add_rms_norm(torch.ones(16, 16), torch.ones(16, 16), torch.ones(16))
+    assert not car.fits_add_rms_norm(torch.ones(17, 16), torch.ones(17, 16), torch.ones(16))  # 17 rows: two kernels
     car.max_norm_rows = 3
     assert not car.fits_add_rms_norm(x, r, w)  # 4 rows: more than the fused kernel takes
     with pytest.raises(ValueError, match=r"contiguous \[M <= 3, D <= 8192\] x and residual"):
         car.all_reduce_add_rms_norm(x, r, w, 1e-6)
-
-
-def test_fused_norm_max_rows_switch(monkeypatch):
-    from minivllm.utils.custom_all_reduce import fused_norm_max_rows
-
-    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM_MAX_ROWS", "256")
-    assert fused_norm_max_rows() == 256
-    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM_MAX_ROWS", "many")
-    with pytest.raises(ValueError, match="MINIVLLM_FUSED_AR_NORM_MAX_ROWS must be a row count"):
-        fused_norm_max_rows()
 
 
 def test_fits_and_clear_errors():
@@ -207,81 +202,38 @@ def test_fits_and_clear_errors():
         type(car)(0, 2, [1], [2, 3], torch.device("cpu"), 64, 64)
 
 
-def test_switch_and_max_bytes(monkeypatch):
-    from minivllm.utils.custom_all_reduce import DEFAULT_CAPACITY, default_max_bytes
-    from minivllm.utils.tp_switches import custom_all_reduce_enabled
+def test_max_bytes():
+    """8 MiB messages at 2 ranks, 2 MiB beyond; never more than a buffer slot holds."""
+    from minivllm.distributed.custom_all_reduce import DEFAULT_CAPACITY, default_max_bytes
 
-    monkeypatch.delenv("MINIVLLM_CUSTOM_AR", raising=False)
-    monkeypatch.delenv("MINIVLLM_CUSTOM_AR_MAX_KB", raising=False)
-    assert custom_all_reduce_enabled()
-    assert default_max_bytes(2) == DEFAULT_CAPACITY and default_max_bytes(4) < DEFAULT_CAPACITY
-    monkeypatch.setenv("MINIVLLM_CUSTOM_AR_MAX_KB", "16")
-    assert default_max_bytes(2) == 16 * 1024
-    monkeypatch.setenv("MINIVLLM_CUSTOM_AR", "0")
-    assert not custom_all_reduce_enabled()
-    monkeypatch.setenv("MINIVLLM_CUSTOM_AR", "yes")
-    with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR"):
-        custom_all_reduce_enabled()
+    assert default_max_bytes(2) == DEFAULT_CAPACITY == 8 << 20
+    assert default_max_bytes(3) == default_max_bytes(4) == default_max_bytes(8) == 2 << 20
+    car, _keep = _lonely(capacity=4096)
+    assert car.max_bytes == 4096  # min(max_bytes, capacity)
 
 
-def test_fused_all_reduce_norm_switch(monkeypatch):
-    from minivllm.utils.tp_switches import fused_all_reduce_norm_enabled
+def _config(**engine_args):
+    from minivllm.config import ArchConfig, Config
 
-    monkeypatch.delenv("MINIVLLM_FUSED_AR_NORM", raising=False)
-    assert fused_all_reduce_norm_enabled()  # on by default (measured on 2 x H200, 2026-11-23)
-    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", "0")
-    assert not fused_all_reduce_norm_enabled()
-    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", "1")
-    assert fused_all_reduce_norm_enabled()
-    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", "on")
-    with pytest.raises(ValueError, match="MINIVLLM_FUSED_AR_NORM must be '0' or '1', not 'on'"):
-        fused_all_reduce_norm_enabled()
+    arch = ArchConfig("Qwen3ForCausalLM", vocab_size=448, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    return Config.create("/nonexistent-checkpoint", arch=arch, device="cpu", tensor_parallel_size=2, **engine_args)
 
 
-def test_summarize_waits_finds_long_waits_and_their_spacing():
-    from minivllm.utils.custom_all_reduce import summarize_waits
+@pytest.mark.parametrize("disable", [None, False, True])
+def test_disable_custom_all_reduce_reaches_the_group(monkeypatch, disable):
+    """The engine argument ``disable_custom_all_reduce`` (default False) reaches every rank's ``TPGroup`` as
+    ``custom_all_reduce=not disable``, beside the environment's NCCL library and timeout."""
+    from minivllm.worker import tp_worker
 
-    ring = [4000] * 1000  # ns, indexed by call % 1000; 2190 calls made, the ring holds the last 1000
-    for call in range(1191, 2191):
-        if call % 73 == 5:
-            ring[call % 1000] = 650_000
-    text = summarize_waits(1, 2190, ring)
-    assert "rank 1: last 1000 of 2190 calls waited median 4.0 us" in text
-    assert "13 waits > 100 us (8.45 ms)" in text and "{73: 12}" in text  # calls 1241, 1314, ... 2117
-    assert summarize_waits(0, 0, [0] * 8) == "rank 0: no custom all-reduce calls"
-
-
-def test_wait_ring_size_reads_a_count_or_says_what_is_wrong(monkeypatch):
-    from minivllm.utils.custom_all_reduce import wait_ring_size
-
-    monkeypatch.delenv("MINIVLLM_CUSTOM_AR_WAITS", raising=False)
-    assert wait_ring_size() == 0
-    monkeypatch.setenv("MINIVLLM_CUSTOM_AR_WAITS", "40000")
-    assert wait_ring_size() == 40000
-    for bad in ("-1", "lots", "1e4"):
-        monkeypatch.setenv("MINIVLLM_CUSTOM_AR_WAITS", bad)
-        with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR_WAITS must be a count of calls"):
-            wait_ring_size()
-
-
-def test_check_every_switch(monkeypatch):
-    from minivllm.kernels.one_shot_all_reduce import _check_every
-
-    monkeypatch.delenv("MINIVLLM_CUSTOM_AR_CHECK_EVERY", raising=False)
-    assert _check_every() == 1024
-    monkeypatch.setenv("MINIVLLM_CUSTOM_AR_CHECK_EVERY", "16")
-    assert _check_every() == 16
-    for bad in ("0", "often"):
-        monkeypatch.setenv("MINIVLLM_CUSTOM_AR_CHECK_EVERY", bad)
-        with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR_CHECK_EVERY must be a poll count"):
-            _check_every()
-
-
-def test_programs_switch(monkeypatch):
-    """``MINIVLLM_CUSTOM_AR_PROGRAMS`` sets the kernel's grid (checked before any buffer is made)."""
-    from minivllm.utils.custom_all_reduce import create_custom_all_reduce
-
-    for bad in ("0", "lots"):
-        monkeypatch.setenv("MINIVLLM_CUSTOM_AR_PROGRAMS", bad)
-        with pytest.raises(ValueError, match="MINIVLLM_CUSTOM_AR_PROGRAMS must be a count of programs"):
-            create_custom_all_reduce(None, 0, 2, torch.device("cpu"), lambda t: None)
+    monkeypatch.setenv("MINIVLLM_NCCL_SO", "/opt/nccl/libnccl.so.2")
+    monkeypatch.setenv("MINIVLLM_TP_TIMEOUT_S", "42")
+    made = []
+    monkeypatch.setattr(tp_worker, "TPGroup", lambda *args, **kw: made.append((args, kw)) or "group")
+    config = _config() if disable is None else _config(disable_custom_all_reduce=disable)
+    assert config.parallel_config.disable_custom_all_reduce is bool(disable)
+    assert tp_worker.new_group(config, torch.device("cpu"), 1, "tcp://127.0.0.1:1") == "group"
+    (args, kw), = made
+    assert args == (torch.device("cpu"), "tcp://127.0.0.1:1", 2, 1)
+    assert kw["custom_all_reduce"] is not bool(disable)
+    assert (kw["nccl_library"], kw["timeout_s"]) == ("/opt/nccl/libnccl.so.2", 42.0)

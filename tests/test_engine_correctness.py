@@ -1,6 +1,5 @@
 """The whole engine against transformers: greedy tokens must match exactly (float32, CPU)."""
 
-import pytest
 
 from hf_reference import hf_greedy
 from minivllm import LLM, SamplingParams
@@ -74,7 +73,6 @@ def test_preemption_recompute_is_correct(tiny_model):
     assert llm.block_manager.num_used_blocks == 0
 
 
-@pytest.mark.slow
 def test_chunked_prefill_with_preemption_matches_unconstrained(tiny_tied_model):
     base = "# " + " ".join(f"word{i}" for i in range(200))
     prompts = [base[: 480 + 40 * i] for i in range(4)] + PROMPTS[:4]
@@ -134,20 +132,20 @@ def test_short_request_first_token_while_long_prompt_prefills(tiny_tied_model):
 
 
 def test_startup_steps_leave_the_engine_working(tiny_tied_model):
-    """``minivllm/engine/startup.py`` on the CPU: the profiling forward (a GPU step, here run directly) binds a
+    """``minivllm/worker/kv_cache.py`` and ``warmup.py`` on the CPU: the profiling forward (a GPU step, here run directly) binds a
     throw-away cache and leaves the layers without one; the KV cache sizing and the sampling warm-up ran at
     start-up; re-binding the cache restores generation, with the same greedy tokens."""
-    from minivllm.engine import startup
+    from minivllm.worker import kv_cache, warmup
 
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     with LLM(tiny_tied_model, device="cpu", max_model_len=256, max_num_seqs=4, num_kvcache_blocks=40) as llm:
         runner = llm.executor.runner
-        assert runner.num_kvcache_blocks == 40
+        assert runner.num_kvcache_blocks == llm.num_kvcache_blocks == 40
         cache = runner.kv_cache  # [2, layers, blocks, block_size, kv_heads, head_dim]
-        assert cache.shape[2] == 40 and cache.numel() * cache.element_size() == 40 * startup.block_bytes(runner)
+        assert cache.shape[2] == 40 and cache.numel() * cache.element_size() == 40 * kv_cache.block_bytes(runner)
         expected = [o["token_ids"] for o in llm.generate(["a b c", "d e"], greedy, use_tqdm=False)]
-        startup.profiling_forward(runner)
+        kv_cache.profiling_forward(runner)
         assert runner.kv_cache is None and all(layer.k_cache.numel() == 0 for layer in runner.attn_layers)
-        startup.bind_cache(runner, cache)
-        startup.warm_sampling(runner)
+        kv_cache.bind_cache(runner, cache)
+        warmup.warm_sampling(runner)
         assert [o["token_ids"] for o in llm.generate(["a b c", "d e"], greedy, use_tqdm=False)] == expected

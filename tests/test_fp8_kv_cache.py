@@ -9,11 +9,12 @@ import torch
 
 pytest.importorskip("triton")
 
+from kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm.kernels.fused_rope import qk_norm_rope  # noqa: E402
 from minivllm.kernels.paged_attention import paged_attention  # noqa: E402
 from minivllm.kernels.paged_decode import paged_decode_split_kv  # noqa: E402
 from minivllm.kernels.reference import paged_attention_ref, store_kvcache_ref  # noqa: E402
-from minivllm.kernels.store_kvcache import store_kvcache  # noqa: E402
 from tests.test_triton_kernels import DEVICE, TOL, _poisoned, make_batch  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
@@ -23,14 +24,21 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.cpu().view(torch.uint8)
 
 
+@pytest.fixture
+def gpu_rounding(monkeypatch):
+    """The interpreter's float32 -> e4m3 cast drops the rounding carry into the exponent (1.97 -> 1.0 instead
+    of 2.0): patched to round as GPUs and torch do."""
+    return gpu_rounding_in_interpreter(monkeypatch)
+
+
 @pytest.mark.triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("representable", [True, pytest.param(False, marks=pytest.mark.skipif(
-    DEVICE == "cpu", reason="the Triton interpreter's fp8 cast drops the rounding carry into the exponent "
-                            "(1.97 -> 1.0 instead of 2.0); rounding is checked on a GPU"))])
-def test_store_into_fp8_cache_matches_reference_and_saturates(dtype, representable):
+@pytest.mark.parametrize("representable", [True, False])
+def test_store_into_fp8_cache_matches_reference_and_saturates(dtype, representable, gpu_rounding):
+    """The K/V store of the q/k norm + RoPE kernel (position 0: RoPE leaves k as it is; no norm) writes an e4m3
+    cache bit for bit as ``store_kvcache_ref``: values beyond +-448 saturate, the others round to nearest even."""
     gen = torch.Generator().manual_seed(7)
-    num_tokens, kv_heads, head_dim, block_size, num_blocks = 9, 2, 32, 16, 3
+    num_tokens, num_heads, kv_heads, head_dim, block_size, num_blocks = 9, 4, 2, 32, 16, 3
     key = torch.randn(num_tokens, kv_heads, head_dim, generator=gen) * 4
     value = torch.randn(num_tokens, kv_heads, head_dim, generator=gen)
     if representable:  # values e4m3 holds exactly: the check is storage and saturation, not rounding
@@ -43,7 +51,10 @@ def test_store_into_fp8_cache_matches_reference_and_saturates(dtype, representab
     k_ref, v_ref = torch.zeros(shape, dtype=FP8), torch.zeros(shape, dtype=FP8)
     store_kvcache_ref(key, value, k_ref, v_ref, slots)
     k_dev, v_dev = torch.zeros(shape, dtype=FP8, device=DEVICE), torch.zeros(shape, dtype=FP8, device=DEVICE)
-    store_kvcache(key.to(DEVICE), value.to(DEVICE), k_dev, v_dev, slots.to(DEVICE))
+    query = torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype)
+    cos_sin = torch.cat([torch.ones(1, head_dim // 2), torch.zeros(1, head_dim // 2)], -1)  # position 0
+    qk_norm_rope(query.to(DEVICE), key.to(DEVICE), torch.zeros(num_tokens, dtype=torch.int64, device=DEVICE),
+                 cos_sin.to(DEVICE), kv_store=(value.to(DEVICE), k_dev, v_dev, slots.to(DEVICE)))
     assert torch.equal(_bits(k_dev), _bits(k_ref)) and torch.equal(_bits(v_dev), _bits(v_ref))
     first = k_ref.view(-1, kv_heads, head_dim)[slots[0]].float()[0, :4]
     assert first.tolist() == [448.0, -448.0, 448.0, 448.0]  # saturated, not NaN
@@ -98,12 +109,12 @@ def test_engine_with_fp8_kv_cache(tiny_tied_model):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = ["hello world", "the quick brown fox", "def f(x):"]
     with LLM(tiny_tied_model, **kw) as full:
-        blocks_f32 = full.executor.num_kvcache_blocks
+        blocks_f32 = full.num_kvcache_blocks
     with LLM(tiny_tied_model, kv_cache_dtype="fp8", **kw) as llm:
         runner = llm.executor.runner
         assert runner.kv_cache.dtype == FP8
         # 1 byte per value instead of 4 (the budget binds, not the cap of max_num_seqs full sequences)
-        assert 4 * blocks_f32 <= llm.executor.num_kvcache_blocks < 4 * (blocks_f32 + 1) <= 32 * 16
+        assert 4 * blocks_f32 <= llm.num_kvcache_blocks < 4 * (blocks_f32 + 1) <= 32 * 16
         first = llm.generate(prompts, params, use_tqdm=False)
         again = llm.generate(prompts, params, use_tqdm=False)
     assert [len(o["token_ids"]) for o in first] == [12, 12, 12]

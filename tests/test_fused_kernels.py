@@ -6,23 +6,22 @@ during the call) so an unwritten element fails. float32 must match the torch lay
 float16/bfloat16 are compared with a float32 reference (relative error < 1e-2) and must not
 be much worse than the torch layer run in the same dtype, whose rounding they reproduce (so
 they equal it up to rare 1-ulp flips). NOTE: the interpreter's float32 -> bfloat16 conversion
-truncates; the ``rtne_bf16`` fixture patches it to round to nearest even, as GPUs do.
+truncates (and its float32 -> e4m3 drops a rounding carry); the ``gpu_rounding`` fixture patches both to
+round to nearest even, as GPUs do.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from kernel_checks import check  # noqa: E402
-
+from kernel_checks import check, gpu_rounding_in_interpreter  # noqa: E402
 from minivllm.kernels.fused_act import silu_and_mul  # noqa: E402
 from minivllm.kernels.fused_norm import fused_add_rms_norm, rms_norm  # noqa: E402
 from minivllm.kernels.fused_rope import qk_norm_rope  # noqa: E402
+from minivllm.kernels.reference import store_kvcache_ref  # noqa: E402
 from minivllm.layers.activation import SiluAndMul  # noqa: E402
 from minivllm.layers.layernorm import RMSNorm  # noqa: E402
 from minivllm.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -33,7 +32,6 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 EPS = 1e-6
 _EMPTY = torch.empty
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @pytest.fixture
@@ -46,25 +44,10 @@ def poison(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def rtne_bf16(monkeypatch):
-    """The interpreter converts float32 -> bfloat16 by truncation; GPUs (and torch) round to
-    nearest even. Patch its converter so bf16 numerics are those of the GPU (Triton 3.x)."""
-    from triton.runtime import interpreter
-
-    orig = getattr(interpreter, "_convert_float", None)
-    if not INTERPRET or orig is None:
-        return False
-    import numpy as np
-    import triton.language as tl
-
-    def convert(x, src_ty, dst_ty, rounding_mode):
-        if src_ty == tl.float32 and dst_ty == tl.bfloat16:
-            t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16)  # RTNE
-            return t.view(torch.int16).numpy().view(np.uint16).reshape(np.shape(x))
-        return orig(x, src_ty, dst_ty, rounding_mode)
-
-    monkeypatch.setattr(interpreter, "_convert_float", convert)
-    return True
+def gpu_rounding(monkeypatch):
+    """The interpreter's float32 -> bfloat16 / e4m3 casts do not round as GPUs (and torch) do: patch them so
+    the numerics are those of the GPU (``kernel_checks.gpu_rounding_in_interpreter``)."""
+    return gpu_rounding_in_interpreter(monkeypatch)
 
 
 def gen(seed):
@@ -75,7 +58,9 @@ def randn(g, *shape, dtype=torch.float32, scale=1.0):
     return (torch.randn(*shape, generator=g) * scale).to(device=DEV, dtype=dtype)
 
 
-ROWS = [(1, 64), (7, 96), (33, 128)]
+SLOW = pytest.mark.slow
+# NOTE: each grid keeps one small shape per kernel and dtype in the fast tier; the others run with -m slow
+ROWS = [pytest.param(1, 64, marks=SLOW), (7, 96), pytest.param(33, 128, marks=SLOW)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -134,7 +119,8 @@ def test_fused_add_rms_norm(n, d, dtype, poison):
     assert torch.equal(out2, out) and torch.equal(res2, new_res)
 
 
-QK_SHAPES = [(1, 4, 2, 16), (7, 8, 1, 32), (33, 4, 2, 64), (5, 8, 1, 128)]
+QK_SHAPES = [(1, 4, 2, 16), pytest.param(7, 8, 1, 32, marks=SLOW), pytest.param(33, 4, 2, 64, marks=SLOW),
+             pytest.param(5, 8, 1, 128, marks=SLOW)]
 
 
 def rope_case(n, hq, hkv, hd, dtype, seed):
@@ -192,14 +178,16 @@ def test_qk_norm_rope_int32_positions_and_empty():
 
 @pytest.mark.parametrize("cache_fp8", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,hq,hkv,hd,block_size,norm", [(1, 4, 2, 16, 16, True), (7, 8, 1, 32, 4, False),
-                                                         (33, 4, 2, 64, 16, True)])
-def test_qk_norm_rope_kv_store_equals_store_kvcache(n, hq, hkv, hd, block_size, norm, dtype, cache_fp8):
-    """``kv_store`` writes the cache bit for bit as ``store_kvcache`` after the in-place norm + RoPE does
-    (slots -1 skipped, every other cache slot untouched, FP8 saturation at +-448), and q / k exactly as
-    without it."""
-    from minivllm.kernels.store_kvcache import store_kvcache
-
+@pytest.mark.parametrize("n,hq,hkv,hd,block_size,norm,slot_dtype", [
+    (4, 4, 2, 16, 16, True, torch.int32), pytest.param(1, 4, 2, 16, 16, True, torch.int64, marks=SLOW),
+    pytest.param(7, 8, 1, 32, 4, False, torch.int32, marks=SLOW),
+    pytest.param(33, 4, 2, 64, 16, True, torch.int64, marks=SLOW),
+    pytest.param(11, 6, 3, 16, 128, False, torch.int32, marks=SLOW)])
+def test_qk_norm_rope_kv_store_equals_store_kvcache_ref(n, hq, hkv, hd, block_size, norm, slot_dtype, dtype,
+                                                        cache_fp8):
+    """``kv_store`` writes the cache bit for bit as ``store_kvcache_ref`` after the in-place norm + RoPE does
+    (k / v strided views of the qkv buffer, int64 or int32 slots, slots -1 skipped, every other cache slot
+    untouched, FP8 saturation at +-448), and q / k exactly as without it."""
     g = gen(n * 7 + hd)
     qkv = randn(g, n, (hq + 2 * hkv) * hd, dtype=dtype, scale=2.0)  # [n, (hq + 2 hkv) hd]
     big = torch.tensor([1000.0, -1000.0, 448.0, 460.0]).to(device=DEV, dtype=dtype)  # beyond e4m3's range
@@ -212,7 +200,7 @@ def test_qk_norm_rope_kv_store_equals_store_kvcache(n, hq, hkv, hd, block_size, 
     num_blocks = (2 * n) // block_size + 2
     slots = torch.randperm(num_blocks * block_size, generator=g)[:n]
     slots[1::3] = -1  # prefix-cache hits and padding: not stored
-    slots = slots.to(DEV)
+    slots = slots.to(device=DEV, dtype=slot_dtype)
     cache_dtype = torch.float8_e4m3fn if cache_fp8 else dtype
     caches = [torch.full((num_blocks, block_size, hkv, hd), 7.0, device=DEV).to(cache_dtype) for _ in range(2)]
 
@@ -223,15 +211,29 @@ def test_qk_norm_rope_kv_store_equals_store_kvcache(n, hq, hkv, hd, block_size, 
     ref_buf, ref_caches = qkv.clone(), [c.clone() for c in caches]
     rq, rk, rv = views(ref_buf)
     qk_norm_rope(rq, rk, positions, rope.cos_sin_cache, *weights, eps=EPS, inplace=True)
-    store_kvcache(rk, rv, *ref_caches, slots)
+    store_kvcache_ref(rk, rv, *ref_caches, slots)
 
     q, k, v = views(qkv)
+    assert n == 1 or k.stride(0) == v.stride(0) == (hq + 2 * hkv) * hd  # rows of the qkv buffer
     qk_norm_rope(q, k, positions, rope.cos_sin_cache, *weights, eps=EPS, inplace=True, kv_store=(v, *caches, slots))
     assert torch.equal(qkv, ref_buf)
     for got, want in zip(caches, ref_caches):
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
     written = (caches[0].float() != 7.0).flatten(2).any(-1).sum().item()  # (block, offset) slots written
     assert 0 < written <= (slots >= 0).sum().item()
+
+
+def test_qk_norm_rope_kv_store_all_skipped_and_empty():
+    """Every slot -1, or no tokens at all: the cache is not touched."""
+    qkv, q, k, positions, rope, qn, kn = rope_case(3, 4, 2, 16, torch.float32, seed=9)
+    v = qkv[:, 6 * 16:].view(3, 2, 16)
+    caches = [torch.zeros(2, 16, 2, 16, device=DEV) for _ in range(2)]
+    none = torch.full((3,), -1, dtype=torch.int64, device=DEV)
+    qk_norm_rope(q, k, positions, rope.cos_sin_cache, qn.weight, kn.weight, EPS, kv_store=(v.nan_to_num(), *caches,
+                                                                                           none))
+    qk_norm_rope(q[:0], k[:0], positions[:0], rope.cos_sin_cache, qn.weight, kn.weight, EPS,
+                 kv_store=(v[:0], *caches, none[:0]))
+    assert all(c.abs().sum() == 0 for c in caches)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from minivllm.kernels.gemv import gemv
-from minivllm.kernels.gemv_config import MAX_BLOCK_M, VARIANTS, block_m, gemv_config, max_rows, parse_config
+from minivllm.kernels.gemv_config import (
+    MAX_BLOCK_M,
+    MAX_ROWS,
+    MIN_WEIGHT_NUMEL,
+    VARIANTS,
+    block_m,
+    gemv_config,
+    use_gemv,
+)
 
 pytestmark = pytest.mark.triton
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ULP = {torch.float32: 2.0**-20, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (3, 100, 300), (16, 40, 96), (2, 33, 1000), (37, 50, 200)])
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("variant", VARIANTS)
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+SHAPES = [(1, 64, 256), (3, 100, 300), (16, 40, 96), (2, 33, 1000), (37, 50, 200)]
+FAST_SHAPE = (3, 100, 300)  # several rows, ragged N and K tiles: the fast tier's case per variant and dtype
+
+
+def _grid():
+    """Every (variant, dtype, shape, bias); one case per variant and dtype in the fast tier, the rest slow."""
+    for variant in VARIANTS:
+        for dtype in DTYPES:
+            for m, n, k in SHAPES:
+                for bias in (False, True):
+                    fast = (m, n, k) == FAST_SHAPE and bias
+                    yield pytest.param(dtype, m, n, k, bias, variant, marks=() if fast else pytest.mark.slow,
+                                       id=f"{variant or 'mma'}-{str(dtype)[6:]}-{m}x{n}x{k}{'-bias' if bias else ''}")
+
+
+@pytest.mark.parametrize("dtype,m,n,k,bias,variant", list(_grid()))
 def test_gemv_matches_float32_reference(dtype, m, n, k, bias, variant):
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
@@ -37,7 +60,7 @@ def test_gemv_strided_rows_and_default_config():
     torch.testing.assert_close(out.cpu(), x @ w.T, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=["mma", "f"])
 def test_gemv_several_row_blocks(variant):
     """More rows than MAX_BLOCK_M: row blocks each cover their own rows, none twice, none missed."""
     g = torch.Generator().manual_seed(5)
@@ -53,22 +76,31 @@ def test_gemv_zero_rows():
     assert gemv(torch.randn(0, 32, device=DEVICE), torch.randn(8, 32, device=DEVICE)).shape == (0, 8)
 
 
-def test_gemv_configs_and_max_rows_setting(monkeypatch):
-    assert parse_config("64x128x4x8s") == (64, 128, 4, 8, "s")
-    assert parse_config("32x256x4x4") == (32, 256, 4, 4, "")
-    assert parse_config("32x256x4x4ts") == (32, 256, 4, 4, "ts")
-    with pytest.raises(ValueError, match="BLOCK_NxBLOCK_KxSTAGESxWARPS"):
-        parse_config("64x128x4")
-    with pytest.raises(ValueError, match="variant is one of"):
-        parse_config("64x128x4x4st")
-    for bad in ("0x128x4x4", "48x128x4x4", "64x128x0x4", "64x128x4x64", "64x-128x4x4"):
-        with pytest.raises(ValueError, match="powers of two"):
-            parse_config(bad)
-    monkeypatch.setenv("MINIVLLM_GEMV_MAX_ROWS", "64")
-    assert max_rows() == 64
-    monkeypatch.setenv("MINIVLLM_GEMV_MAX_ROWS", "many")
-    with pytest.raises(ValueError, match="MINIVLLM_GEMV_MAX_ROWS must be a row count"):
-        max_rows()
+def test_gemv_rejects_unknown_variants():
+    """Only the MMA ("") and FMA ("f") variants exist."""
+    x, w = torch.randn(2, 32, device=DEVICE), torch.randn(8, 32, device=DEVICE)
+    for bad in ("s", "t", "ts"):
+        with pytest.raises(ValueError, match="variant is one of"):
+            gemv(x, w, config=(16, 32, 2, 4, bad))
+
+
+def _fake(rows: int, cols: int, dtype=torch.bfloat16, cuda: bool = True):
+    """Stands in for a CUDA tensor of ``[rows, cols]`` (``use_gemv`` reads only these attributes)."""
+    return SimpleNamespace(is_cuda=cuda, dim=lambda: 2, shape=(rows, cols), dtype=dtype,
+                           numel=lambda: rows * cols)
+
+
+def test_which_linear_calls_take_the_gemv():
+    """CUDA bf16/fp16 only; one row for every weight; 2..MAX_ROWS (16) rows for weights of 8M+ elements."""
+    big, small = _fake(4096, MIN_WEIGHT_NUMEL // 4096), _fake(1024, 1024)
+    assert MAX_ROWS == 16
+    assert use_gemv(_fake(1, 1024), small) and not use_gemv(_fake(2, 1024), small)
+    assert use_gemv(_fake(2, 4096), big) and use_gemv(_fake(MAX_ROWS, 4096), big)
+    assert not use_gemv(_fake(MAX_ROWS + 1, 4096), big)  # cuBLAS above 16 rows
+    assert not use_gemv(_fake(0, 4096), big)
+    assert not use_gemv(_fake(1, 1024, torch.float32), _fake(1024, 1024, torch.float32))
+    assert not use_gemv(_fake(1, 1024, cuda=False), small)
+    assert not use_gemv(torch.randn(1, 64, dtype=torch.bfloat16), torch.randn(8, 64, dtype=torch.bfloat16))
 
 
 def test_gemv_rejects_bad_shapes():
@@ -79,13 +111,11 @@ def test_gemv_rejects_bad_shapes():
         gemv(torch.randn(32, 2).t(), w)
 
 
-def test_default_configs_by_rows_and_width(monkeypatch):
+def test_default_configs_by_rows_and_width():
     """One row: FMAs, 8 columns a program up to 4096 columns, 16 above; more rows: the MMA kernel."""
-    monkeypatch.delenv("MINIVLLM_GEMV_CFG", raising=False)
     assert gemv_config(3072, 4096, 1) == (8, 256, 6, 2, "f")
     assert gemv_config(6144, 4096, 1) == (16, 256, 4, 4, "f")
     assert gemv_config(24576, 4096, 1) == (16, 512, 3, 4, "f")
     assert gemv_config(3072, 4096, 2) == gemv_config(3072, 4096, 16) == (32, 256, 4, 4, "")
     assert gemv_config(3072, 4096, 48)[4] == "" and gemv_config(3072, 4096, 100)[1] == 128
-    monkeypatch.setenv("MINIVLLM_GEMV_CFG", "32x256x4x4")
-    assert gemv_config(3072, 4096, 1) == (32, 256, 4, 4, "")
+    assert all(gemv_config(n, 4096, m)[4] in VARIANTS for n in (1024, 6144, 24576) for m in (1, 2, 16, 100))

@@ -21,6 +21,7 @@ def tv(tokens: torch.Tensor, p: torch.Tensor) -> float:
     return 0.5 * float((freq - p).abs().sum())
 
 
+@pytest.mark.slow
 def test_draws_follow_softmax_over_temperature():
     logits = torch.tensor([2.0, 1.5, 0.3, -0.5, 1.0, -2.0, 0.8, 0.0])
     n = 1500
@@ -45,7 +46,7 @@ def test_a_seed_gives_the_same_token_in_any_batch():
     assert other.tolist() != alone.tolist()  # (5 rows of 64 tokens: equal by chance ~never)
 
 
-@pytest.mark.parametrize("block_v", [16, 64])
+@pytest.mark.parametrize("block_v", [pytest.param(16, marks=pytest.mark.slow), 64])
 def test_the_draw_does_not_depend_on_how_the_vocabulary_is_split(block_v):
     """Chunks of ``block_v`` tokens (a ragged last one: V = 300), then the pick across chunks: the
     same token as one program over the whole row, since the noise is keyed by token id."""
@@ -106,18 +107,13 @@ def test_bad_inputs_raise_clear_errors():
         gumbel_sample(logits, torch.zeros(3, dtype=torch.int64), block_v=100)
 
 
-def test_fused_sampler_switch(monkeypatch):
-    """``MINIVLLM_FUSED_SAMPLER``: unset = CUDA only, '1' = on anywhere (here the interpreter), '0' = off."""
-    from minivllm.layers.sampler import fused_sampler_enabled
+def test_fused_sampler_runs_where_triton_kernels_run():
+    """The engine's sampler is ``Sampler(fused=DeviceConfig.triton_sampling)``: fused on CUDA, and on the CPU
+    with the triton attention backend (the interpreter); the torch path on the CPU otherwise."""
+    from minivllm.config import DeviceConfig
 
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.delenv("MINIVLLM_FUSED_SAMPLER", raising=False)
-    assert (fused_sampler_enabled(cpu), fused_sampler_enabled(cuda)) == (False, True)
-    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", "1")
-    assert (fused_sampler_enabled(cpu), fused_sampler_enabled(cuda)) == (True, True)
-    assert Sampler().uses_fused(cpu) and not Sampler(fused=False).uses_fused(cpu)
-    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", "0")
-    assert (fused_sampler_enabled(cpu), fused_sampler_enabled(cuda)) == (False, False)
-    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", "yes")
-    with pytest.raises(ValueError, match="MINIVLLM_FUSED_SAMPLER must be '0' or '1'"):
-        fused_sampler_enabled(cuda)
+    assert DeviceConfig(device="cuda").triton_sampling and DeviceConfig(device="cuda:1").triton_sampling
+    assert DeviceConfig(device="cuda", attention_backend="torch").triton_sampling
+    assert not DeviceConfig(device="cpu").triton_sampling
+    assert DeviceConfig(device="cpu", attention_backend="triton").triton_sampling
+    assert not Sampler().fused and Sampler(fused=True).fused

@@ -1,39 +1,26 @@
-"""CPU-checkable parts of the NCCL path choice (the collectives themselves: tests/gpu/test_pynccl_gpu.py)."""
+"""CPU-checkable parts of the NCCL path (the collectives themselves: tests/gpu/test_pynccl_gpu.py)."""
 
 import pytest
+import torch
 
-from minivllm.utils import pynccl
-from minivllm.utils.tp_switches import nccl_comm_kind, tp_cuda_graphs_enabled
+from minivllm.distributed import pynccl
+from minivllm.envs import read_envs
 
 
-def test_missing_library_gives_a_clear_error(monkeypatch):
-    monkeypatch.setattr(pynccl, "_lib", None)
-    monkeypatch.setenv("MINIVLLM_NCCL_SO", "/nonexistent/libnccl.so.2")
+def test_missing_library_gives_a_clear_error():
     with pytest.raises(RuntimeError, match="cannot load the NCCL library.*MINIVLLM_NCCL_SO"):
-        pynccl.load_library()
+        pynccl.load_library("/nonexistent/libnccl.so.2")
 
 
-@pytest.mark.parametrize("comm, forced, kind, graphs", [
-    (None, None, "pynccl", True), ("c10d", None, "c10d", False), ("c10d", "1", "c10d", True),
-    ("pynccl", "0", "pynccl", False)])
-def test_comm_kind_and_graph_switch(monkeypatch, comm, forced, kind, graphs):
-    for name, value in (("MINIVLLM_TP_COMM", comm), ("MINIVLLM_TP_CUDA_GRAPHS", forced)):
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
-    assert nccl_comm_kind() == kind and tp_cuda_graphs_enabled() is graphs
-
-
-def test_unknown_comm_kind_is_rejected(monkeypatch):
-    monkeypatch.setenv("MINIVLLM_TP_COMM", "mpi")
-    with pytest.raises(ValueError, match="MINIVLLM_TP_COMM"):
-        nccl_comm_kind()
+def test_nccl_library_comes_from_the_environment(monkeypatch):
+    """``MINIVLLM_NCCL_SO`` is read once into ``Config.envs``, which the engine hands to its groups."""
+    monkeypatch.delenv("MINIVLLM_NCCL_SO", raising=False)
+    assert read_envs().nccl_library == "libnccl.so.2"
+    monkeypatch.setenv("MINIVLLM_NCCL_SO", "/opt/nccl/libnccl.so.2")
+    assert read_envs().nccl_library == "/opt/nccl/libnccl.so.2"
 
 
 def test_collective_inputs_are_checked():
-    import torch
-
     with pytest.raises(TypeError, match="do not support torch.bool"):
         pynccl.NcclCommunicator._dtype(torch.zeros(4, dtype=torch.bool))
     with pytest.raises(ValueError, match="contiguous"):

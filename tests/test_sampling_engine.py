@@ -41,8 +41,10 @@ def test_n_completions_share_the_prompt_blocks(llm):
     seqs = llm._requests[rid].seqs
     llm.step()
     assert [s.num_cached_tokens for s in seqs] == [0, 32, 32, 32]  # two full blocks reused by 3 siblings
-    assert len({tuple(s.block_table[:2]) for s in seqs}) == 1
-    assert llm.block_manager.blocks[seqs[0].block_table[0]].ref_count == 4
+    bm = llm.block_manager
+    assert len({tuple(bm.block_table(s.seq_id)[:2]) for s in seqs}) == 1
+    assert bm.blocks[bm.block_table(seqs[0].seq_id)[0]].ref_count == 4
+    bm.check_integrity()
     final = None
     while llm.has_unfinished_requests():
         for o in llm.step()[0]:

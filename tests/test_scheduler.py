@@ -1,11 +1,7 @@
 """Scheduler step by step: exact rows, budgets, queue contents, preemption and chunking."""
 
-from minivllm.engine.sequence import SequenceStatus
-from scheduler_utils import EOS, make_scheduler, make_seq, step
-
-
-def rows(out):
-    return [(seq.seq_id, n) for seq, n in out.scheduled]
+from minivllm.core.sequence import SequenceStatus
+from scheduler_utils import EOS, make_scheduler, make_seq, rows, step
 
 
 def test_prefill_then_decode_in_one_budget():
@@ -16,7 +12,7 @@ def test_prefill_then_decode_in_one_budget():
     assert rows(out) == [(a.seq_id, 20), (b.seq_id, 30)]
     assert (out.num_prefill_tokens, out.num_decode_tokens) == (50, 0)
     assert a.num_completion_tokens == 1 and b.num_completion_tokens == 1
-    assert a.block_table == [0, 1] and b.block_table == [2, 3]
+    assert s.block_manager.block_table(a.seq_id) == (0, 1) and s.block_manager.block_table(b.seq_id) == (2, 3)
     out = step(s)
     assert rows(out) == [(a.seq_id, 1), (b.seq_id, 1)] and out.is_decode_only
 
@@ -80,11 +76,11 @@ def test_preemption_frees_least_progress_and_readmits_at_head():
     step(s)  # a: 33 tokens (3 blocks), b: 32 tokens (2 blocks); 1 block free
     s.add(c)
     out = step(s)  # decodes; c needs 1 block: admitted
-    assert [seq for seq, _ in out.scheduled][-1] is c and s.block_manager.num_free_blocks == 0
+    assert out.rows[-1].seq_id == c.seq_id and s.block_manager.num_free_blocks == 0
     # next decode: b's token 33 needs a new block -> preempt the one with least progress: c
     out = step(s)
-    assert out.preempted == [c]
-    assert c.status == SequenceStatus.WAITING and list(s.waiting) == [c] and c.block_table == []
+    assert out.preempted_seq_ids == (c.seq_id,)
+    assert c.status == SequenceStatus.WAITING and list(s.waiting) == [c] and s.block_manager.block_table(c.seq_id) == ()
     assert s.num_preemptions == 1
 
 
@@ -93,11 +89,11 @@ def test_preempted_sequence_gets_its_prefix_back_from_the_cache():
     a = make_seq(40, max_tokens=24)
     s.add(a)
     step(s)
-    blocks_before = list(a.block_table)
+    blocks_before = s.block_manager.block_table(a.seq_id)
     s._preempt(a)
     out = step(s)
     # 41 tokens (40 prompt + 1 generated): two full blocks come back, 9 tokens are recomputed
-    assert a.num_cached_tokens == 32 and a.block_table[:2] == blocks_before[:2]
+    assert a.num_cached_tokens == 32 and s.block_manager.block_table(a.seq_id)[:2] == blocks_before[:2]
     assert rows(out) == [(a.seq_id, 9)]
     assert a.num_completion_tokens == 2
 
@@ -108,7 +104,7 @@ def test_max_num_seqs_and_fcfs():
     for q in seqs:
         s.add(q)
     out = step(s)
-    assert [q for q, _ in out.scheduled] == seqs[:2]
+    assert [r.seq_id for r in out.rows] == [q.seq_id for q in seqs[:2]]
     assert list(s.waiting) == [seqs[2]]
 
 
@@ -117,8 +113,8 @@ def test_stops_on_eos_unless_ignored_and_frees_blocks():
     a = make_seq(5, max_tokens=10, ignore_eos=False)
     s.add(a)
     out = s.schedule()
-    s.postprocess(out, [EOS])
-    assert a.is_finished and a.finish_reason == "stop" and a.block_table == []
+    s.update_from_output(out, [EOS])
+    assert a.is_finished and a.finish_reason == "stop" and s.block_manager.block_table(a.seq_id) == ()
     assert s.is_finished() and s.block_manager.num_used_blocks == 0
 
 
@@ -139,4 +135,55 @@ def test_external_finish_of_waiting_and_running():
     s.finish(b, "abort")
     s.finish(a, "abort")
     assert s.is_finished() and s.block_manager.num_used_blocks == 0
+    s.check_integrity()
+
+
+def test_the_output_is_a_frozen_snapshot():
+    """The runner gets ids, tokens, positions and block ids as they were when the step was scheduled; the
+    scheduler has already accounted for the step (computed counts, a placeholder per sampled row)."""
+    import dataclasses
+
+    import pytest
+
+    from minivllm.core.sequence import PLACEHOLDER
+    from minivllm.sampling_params import SamplingParams
+
+    s = make_scheduler(budget=64)
+    a = make_seq(20)
+    b = make_seq(18, start=500)
+    b.sampling_params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0, repetition_penalty=1.2)
+    s.add(a), s.add(b)
+    first = s.schedule()
+    assert [(r.seq_id, r.num_computed_tokens, len(r.token_ids), r.block_ids, r.prev_sampled_row, r.sampled)
+            for r in first.rows] == [(a.seq_id, 0, 20, (0, 1), -1, True), (b.seq_id, 0, 18, (2, 3), -1, True)]
+    assert first.rows[0].token_ids == tuple(range(10, 30))
+    assert [(x.seq_id, x.num_output_tokens) for x in first.sampled] == [(a.seq_id, 0), (b.seq_id, 0)]
+    # only rows with penalties carry token values for the sampler
+    assert first.sampled[0].penalty_token_ids is None
+    assert first.sampled[1].penalty_token_ids == (tuple(range(500, 518)), ())
+    assert a.num_computed_tokens == 20 and a.token_ids[-1] == PLACEHOLDER and a.pending_row == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.num_decode_tokens = 5
+    with pytest.raises(AttributeError):
+        first.rows[0].num_computed_tokens = 3
+    # asynchronous scheduling: the next step reads a's token from row 0 of the step in flight
+    second = s.schedule()
+    assert [(r.seq_id, r.num_computed_tokens, r.token_ids, r.prev_sampled_row) for r in second.rows] == [
+        (a.seq_id, 20, (0,), 0), (b.seq_id, 18, (0,), 1)]
+    assert first.rows[0].num_computed_tokens == 0  # the earlier snapshot did not move
+    s.update_from_output(first, [7, 8])
+    s.update_from_output(second, [9, 10])
+    assert a.token_ids[20:] == [7, 9] and b.token_ids[18:] == [8, 10]
+    s.check_integrity()
+
+
+def test_tokens_of_a_finished_sequence_are_dropped():
+    s = make_scheduler(budget=64)
+    a, b = make_seq(5), make_seq(5, start=70)
+    s.add(a), s.add(b)
+    out = s.schedule()
+    s.finish(a, "abort")
+    updated = s.update_from_output(out, [3, 4])
+    assert [(row, seq.seq_id) for row, seq in updated] == [(1, b.seq_id)]
+    assert a.token_ids == list(range(10, 15)) and b.token_ids[-1] == 4
     s.check_integrity()

@@ -10,11 +10,11 @@ the total number of tokens of the workload, counted in steps after its arrival.
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minivllm.engine.block_manager import BlockManager
-from minivllm.engine.scheduler import Scheduler
-from minivllm.engine.sequence import Sequence
+from minivllm.core.block_manager import BlockManager
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.sequence import Sequence
 from minivllm.sampling_params import SamplingParams
-from scheduler_utils import fake_tokens
+from scheduler_utils import fake_tokens, new_seq
 
 STARVATION_FACTOR = 2
 
@@ -60,15 +60,15 @@ def test_random_workloads_keep_invariants_and_finish(workload):
     while pending or not sched.is_finished():
         while pending and pending[0][1][0] <= step:
             i, (_, prompt, max_tokens) = pending.pop(0)
-            seqs[i] = Sequence(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            seqs[i] = new_seq(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
             arrived_at[i] = step
             sched.add(seqs[i])
         out = sched.schedule()
         assert out.num_batched_tokens <= cfg["max_num_batched_tokens"]
-        assert sum(n for _, n in out.scheduled) == out.num_batched_tokens
+        assert sum(len(r.token_ids) for r in out.rows) == out.num_batched_tokens
         if not sched.is_finished():
             assert out.num_batched_tokens > 0, "a step with unfinished work computed nothing"
-        sched.postprocess(out, fake_tokens(out))
+        sched.update_from_output(out, fake_tokens(out))
         sched.check_integrity()
         for i, seq in seqs.items():
             if seq.is_finished and i not in finished_at:
@@ -79,5 +79,5 @@ def test_random_workloads_keep_invariants_and_finish(workload):
         assert seq.num_completion_tokens == reqs[i][2]
         assert seq.finish_reason == "length"
         assert finished_at[i] - arrived_at[i] <= STARVATION_FACTOR * total_tokens
-    counts = bm.check_integrity([])
+    counts = bm.check_integrity()
     assert counts["used"] == 0 and bm.num_free_blocks == num_blocks

@@ -238,6 +238,24 @@ def test_tokenize_detokenize(server):
     assert httpx.post(f"{server.url}/detokenize", json={"tokens": [10**6]}).status_code == 400
 
 
+def test_bench_serve_against_the_server(server, tmp_path, capsys):
+    """``minivllm bench serve`` end to end against this module's server (token-id prompts)."""
+    import minivllm
+    from minivllm.entrypoints.bench import serve
+
+    out = tmp_path / "s.json"
+    res = serve.main(["--base-url", server.url, "--num-prompts", "4", "--input-len", "8", "--output-len", "6",
+                      "--request-rate", "20", "--token-ids", "--max-token-id", "300", "--json-out", str(out)])
+    assert "== serving results ==" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved["completed"] == 4 and saved["failed"] == 0, saved["errors"]
+    assert saved["model"] == NAME and saved["version"] == minivllm.__version__
+    for key in ("request_throughput", "output_throughput", "mean_ttft_ms", "median_tpot_ms", "p99_itl_ms"):
+        assert isinstance(saved[key], (int, float)) and saved[key] > 0, (key, saved[key])
+    assert res["total_output_tokens"] == 24
+    server.wait_idle()
+
+
 def test_sigterm_aborts_streams_and_exits_zero(server):
     ended = {}
 
@@ -257,3 +275,28 @@ def test_sigterm_aborts_streams_and_exits_zero(server):
     t.join(timeout=10)
     assert ended["lines"][-1] == "data: [DONE]"
     assert '"finish_reason":"abort"' in ended["lines"][-2]
+
+
+@pytest.mark.parametrize("flag, expected", [([], None), (["--served-model-name", "other"], "other")])
+def test_served_model_name_defaults_to_the_model_as_given(tiny_tied_model, monkeypatch, flag, expected):
+    """``minivllm serve MODEL`` serves the model under the name MODEL, as typed (a path here), unless
+    ``--served-model-name`` says otherwise. In-process: the engine and the app are stubs."""
+    from minivllm.entrypoints import cli
+    from minivllm.entrypoints.openai import api_server
+
+    class Built(Exception):
+        pass
+
+    seen = {}
+
+    def fake_build_app(async_llm, name):
+        seen["name"] = name
+        raise Built
+
+    monkeypatch.setattr(api_server.AsyncLLM, "from_model", classmethod(lambda cls, model, **kw: (model, kw)))
+    monkeypatch.setattr(api_server, "build_app", fake_build_app)
+    as_given = tiny_tied_model + "/"
+    with pytest.raises(Built):
+        cli.main(["serve", as_given, "--device", "cpu", *flag])
+    assert seen["name"] == (expected or as_given)
+

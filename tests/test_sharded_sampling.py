@@ -2,8 +2,9 @@
 
 Kernels (Triton interpreter): a [B, V] batch cut into N vocabulary slices as ``ParallelLMHead`` cuts
 it (a zero-padded last slice), each sampled by ``gumbel_sample_shard``, then ``pick_across_shards``,
-gives ``gumbel_sample``'s tokens. Engine (gloo, the fused sampler forced on the CPU): TP=2 with
-``MINIVLLM_TP_SHARDED_SAMPLING=1`` gives TP=1's tokens, and the sharded path is really taken.
+gives ``gumbel_sample``'s tokens. Engine (gloo; ``attention_backend="triton"``, so the CPU runs the Triton
+sampler in the interpreter and TP=2 samples sharded): TP=2 gives TP=1's tokens, and the sharded path is
+really taken.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def _sharded(logits, seeds, temperature, n: int, block_v: int = 4096) -> torch.T
                                for part, start in _slices(logits, n)])
 
 
-@pytest.mark.parametrize("batch,vocab,n,block_v", [(6, 300, 2, 4096), (6, 300, 2, 64), (5, 449, 3, 32),
-                                                   (9, 1000, 4, 128), (4, 64, 8, 16), (4, 5, 4, 16)])
+@pytest.mark.parametrize("batch,vocab,n,block_v", [
+    pytest.param(6, 300, 2, 4096, marks=pytest.mark.slow), (6, 300, 2, 64),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in [(5, 449, 3, 32), (9, 1000, 4, 128), (4, 64, 8, 16),
+                                                               (4, 5, 4, 16)])])
 def test_slices_then_pick_equal_the_whole_row(batch, vocab, n, block_v):
     """Greedy and temperature rows; odd rows lie far below 0, where an unmasked zero pad would win.
     (4, 5, 4): the last slice starts past the vocabulary (all padding)."""
@@ -113,7 +116,7 @@ def test_which_steps_qualify_for_the_sharded_path():
 
 gloo = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                           reason="needs torch.distributed with gloo")
-KW = dict(device="cpu", dtype="float32", max_model_len=256)
+KW = dict(device="cpu", dtype="float32", max_model_len=256, attention_backend="triton")
 PROMPTS = [[(7 * i + 3 * j + 1) % 380 for j in range(3 + 9 * i)] for i in range(8)]
 GREEDY = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
 
@@ -135,16 +138,15 @@ def odd_vocab_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def engines(odd_vocab_model):
-    """(TP=1, TP=2 with sharded sampling, TP=2 sharded + async scheduling), one torch thread each."""
+    """(TP=1, TP=2 with sharded sampling, TP=2 sharded + async scheduling), all on the Triton backend (the fused
+    sampler; sharded sampling at TP=2), one torch thread each."""
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     llms = []
     try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("MINIVLLM_TP_SHARDED_SAMPLING", "1")
-            llms.append(LLM(odd_vocab_model, **KW))
-            llms.append(LLM(odd_vocab_model, tensor_parallel_size=2, **KW))
-            llms.append(LLM(odd_vocab_model, tensor_parallel_size=2, async_scheduling=True, **KW))
+        llms.append(LLM(odd_vocab_model, **KW))
+        llms.append(LLM(odd_vocab_model, tensor_parallel_size=2, **KW))
+        llms.append(LLM(odd_vocab_model, tensor_parallel_size=2, async_scheduling=True, **KW))
         yield llms
     finally:
         for llm in llms:
@@ -171,12 +173,12 @@ def _tokens(outputs: list[dict]) -> list[list[int]]:
 
 
 @gloo
-@pytest.mark.parametrize("fused", ["1", "0"])
-def test_greedy_tp2_sharded_equals_tp1(engines, fused, monkeypatch):
-    """All-greedy steps take the sharded path whether or not the fused sampler is on."""
+@pytest.mark.slow
+def test_greedy_tp2_sharded_equals_tp1(engines):
+    """All-greedy steps take the sharded path."""
     one, two, _ = engines
-    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", fused)
     assert two.executor.runner.sharded_sampling and not one.executor.runner.sharded_sampling
+    assert one.executor.runner.sampler.fused and two.executor.runner.sampler.fused
     expected = _tokens(one.generate(PROMPTS, GREEDY, use_tqdm=False))
     out, sharded, gathered = _generate(two, GREEDY)
     assert _tokens(out) == expected
@@ -184,9 +186,9 @@ def test_greedy_tp2_sharded_equals_tp1(engines, fused, monkeypatch):
 
 
 @gloo
-def test_seeded_temperature_tp2_sharded_equals_tp1(engines, monkeypatch):
+@pytest.mark.slow
+def test_seeded_temperature_tp2_sharded_equals_tp1(engines):
     one, two, _ = engines
-    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", "1")
     params = [GREEDY if i % 4 == 0 else _seeded(i) for i in range(len(PROMPTS))]
     expected = _tokens(one.generate(PROMPTS, params, use_tqdm=False))
     out, sharded, gathered = _generate(two, params)
@@ -197,10 +199,12 @@ def test_seeded_temperature_tp2_sharded_equals_tp1(engines, monkeypatch):
 
 
 @gloo
-def test_unfused_temperature_steps_keep_the_gather_path(engines, monkeypatch):
+@pytest.mark.slow
+def test_steps_that_need_the_gathered_logits_keep_the_gather_path(engines):
+    """Every step has a row the fused Gumbel pass cannot sample alone (top-p, or logprobs): every step gathers
+    the logits to rank 0, and the tokens are TP=1's."""
     one, two, _ = engines
-    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", "0")
-    params = [_seeded(i) for i in range(len(PROMPTS))]
+    params = [_seeded(i, top_p=0.9) if i % 2 else _seeded(i, logprobs=1) for i in range(len(PROMPTS))]
     expected = _tokens(one.generate(PROMPTS, params, use_tqdm=False))
     out, sharded, gathered = _generate(two, params)
     assert _tokens(out) == expected
@@ -208,15 +212,15 @@ def test_unfused_temperature_steps_keep_the_gather_path(engines, monkeypatch):
 
 
 @gloo
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["sync", "async"])
-def test_mixed_batch_tp2_equals_tp1(engines, which, monkeypatch):
+def test_mixed_batch_tp2_equals_tp1(engines, which):
     """Rows that need the gathered logits (logprobs, top_p, a pending min_tokens) beside plain rows: steps
     with any of them gather, the steps after they finish sample sharded; async scheduling feeds the
     sharded steps' tokens to the next step on every rank."""
     one, two, two_async = engines
     llm = two_async if which == "async" else two
     assert llm.executor.runner.share_sampled == (which == "async")
-    monkeypatch.setenv("MINIVLLM_FUSED_SAMPLER", "1")
     expected = one.generate(PROMPTS, MIXED, use_tqdm=False)
     out, sharded, gathered = _generate(llm, MIXED)
     assert _tokens(out) == _tokens(expected)
@@ -227,14 +231,12 @@ def test_mixed_batch_tp2_equals_tp1(engines, which, monkeypatch):
             assert a.keys() == b.keys() and all(abs(a[t] - b[t]) < 1e-4 for t in a)
 
 
-def test_sharded_sampling_needs_a_device_that_runs_triton(monkeypatch):
-    from minivllm.layers.sharded_sampling import sharded_sampling_enabled
+def test_sharded_sampling_needs_a_device_that_runs_triton():
+    """A TP > 1 runner samples sharded iff ``DeviceConfig.triton_sampling``: on CUDA, and on the CPU with the
+    triton backend (the interpreter); the CPU's torch backend gathers every step's logits."""
+    from minivllm.config import DeviceConfig
 
-    monkeypatch.delenv("MINIVLLM_TP_SHARDED_SAMPLING", raising=False)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert sharded_sampling_enabled(torch.device("cuda", 0))
-    assert not sharded_sampling_enabled(torch.device("cpu"))
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert sharded_sampling_enabled(torch.device("cpu"))
-    monkeypatch.setenv("MINIVLLM_TP_SHARDED_SAMPLING", "0")
-    assert not sharded_sampling_enabled(torch.device("cuda", 0))
+    assert DeviceConfig(device="cuda", attention_backend="torch").triton_sampling
+    assert DeviceConfig(device="cpu", attention_backend="triton").triton_sampling
+    assert not DeviceConfig(device="cpu").triton_sampling
+    assert not DeviceConfig(device="cpu", attention_backend="torch").triton_sampling

@@ -51,6 +51,7 @@ def _run(llm: LLM, params: SamplingParams = GREEDY) -> tuple[list[list[int]], in
 
 def _reference(model: str, **kw) -> tuple[list[list[int]], int]:
     with LLM(model, **KW, **kw) as llm:
+        assert llm.executor.runner.model.model.norm.tp_group is None  # TP=1: nothing to sum
         return _run(llm)
 
 
@@ -86,17 +87,36 @@ def tp2_untied(tiny_untied_model):
     llm.close()
 
 
+def _sums_in_the_norms(runner) -> None:
+    """At TP > 1, o_proj / down_proj leave their sums to the next RMSNorm (gloo's all-reduce then the norm here;
+    on GPUs one kernel where the custom all-reduce takes it): every decoder norm and the final one sum."""
+    model = runner.model.model
+    for layer in model.layers:
+        assert not layer.self_attn.o_proj.reduce_results and not layer.mlp.down_proj.reduce_results
+        assert layer.input_layernorm.tp_group is runner.tp_group
+        assert layer.post_attention_layernorm.tp_group is runner.tp_group
+    assert model.norm.tp_group is runner.tp_group is not None
+
+
 def test_tp2_matches_tp1_tied(tp2_tied, tiny_tied_model):
-    attn = tp2_tied.executor.runner.model.model.layers[0].self_attn
+    """TP=2's greedy tokens are TP=1's, with the row-parallel sums in the norms (the only path at TP > 1)."""
+    runner = tp2_tied.executor.runner
+    attn = runner.model.model.layers[0].self_attn
     assert (attn.num_heads, attn.num_kv_heads) == (2, 1)  # 4 heads / 2 kv heads split over 2 ranks
+    # the torch backend on the CPU: no Triton sampler, so every step gathers the logits to rank 0
+    assert not runner.sharded_sampling and not runner.sampler.fused
+    _sums_in_the_norms(runner)
     assert _run(tp2_tied)[0] == _reference(tiny_tied_model)[0]
 
 
 def test_tp2_matches_tp1_kv_heads_replicated(tp2_untied, tiny_untied_model):
     qkv = tp2_untied.executor.runner.model.model.layers[0].self_attn.qkv_proj
     assert (qkv.num_heads, qkv.num_kv_heads, qkv.num_kv_replicas) == (2, 1, 2)  # 1 kv head on both ranks
+    _sums_in_the_norms(tp2_untied.executor.runner)
     assert _run(tp2_untied)[0] == _reference(tiny_untied_model)[0]
 
+
+@pytest.mark.slow
 @pytest.mark.triton
 def test_tp2_triton_backend_matches_tp1(tiny_untied_model):
     """Each rank's Triton kernels (the fused q/k norm + RoPE + K/V store into its own cache, paged attention
@@ -110,81 +130,7 @@ def test_tp2_triton_backend_matches_tp1(tiny_untied_model):
     assert got == want
 
 
-
-@pytest.mark.parametrize("in_norm", ["0", "1"])
-def test_tp2_sums_in_the_norms_matches_tp1(tiny_untied_model, in_norm, monkeypatch):
-    """``MINIVLLM_FUSED_AR_NORM=1`` (the default): o_proj / down_proj leave their sums to the next RMSNorm
-    (here gloo's all-reduce then the norm; on GPUs one kernel where the custom all-reduce takes it);
-    ``0``: each row-parallel layer sums its own output."""
-    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", in_norm)
-    with LLM(tiny_untied_model, tensor_parallel_size=2, **KW) as llm:
-        layer = llm.executor.runner.model.model.layers[1]
-        sums_in_norm = in_norm == "1"
-        assert layer.self_attn.o_proj.reduce_results != sums_in_norm
-        assert layer.mlp.down_proj.reduce_results != sums_in_norm
-        assert (llm.executor.runner.model.model.norm.tp_group is not None) == sums_in_norm
-        got = _run(llm)[0]
-    monkeypatch.delenv("MINIVLLM_FUSED_AR_NORM")
-    assert got == _reference(tiny_untied_model)[0]
-
-
-@pytest.mark.parametrize("in_norm", ["0", "1"])
-def test_tp2_overlapped_row_sums_match_tp1(tiny_untied_model, in_norm, monkeypatch):
-    """``MINIVLLM_TP_OVERLAP_MIN_ROWS``: row-parallel layers with at least that many rows sum their own output
-    in slices (overlapping the matmul on GPUs) and the norms after them do not sum again; decode steps
-    (fewer rows) keep the usual path. Greedy tokens equal TP=1's either way."""
-    from minivllm.layers.overlapped_linear import chunk_bounds
-
-    assert chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
-    assert chunk_bounds(2, 4) == [(0, 1), (1, 2)]
-    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", in_norm)
-    monkeypatch.setenv("MINIVLLM_TP_OVERLAP_MIN_ROWS", "8")
-    monkeypatch.setenv("MINIVLLM_TP_OVERLAP_CHUNKS", "3")
-    with LLM(tiny_untied_model, tensor_parallel_size=2, **KW) as llm:
-        group = llm.executor.runner.tp_group
-        assert group.overlaps_row_sum(8) and not group.overlaps_row_sum(7)
-        got = _run(llm)[0]
-        assert group.num_overlapped_sums > 0  # the prompts' prefill took the overlapped path
-    for name in ("MINIVLLM_FUSED_AR_NORM", "MINIVLLM_TP_OVERLAP_MIN_ROWS", "MINIVLLM_TP_OVERLAP_CHUNKS"):
-        monkeypatch.delenv(name)
-    assert got == _reference(tiny_untied_model)[0]
-
-
-@pytest.mark.parametrize("in_norm", ["0", "1"])
-def test_tp2_decode_overlapped_row_sums_match_tp1(tiny_untied_model, in_norm, monkeypatch):
-    """``MINIVLLM_TP_DECODE_OVERLAP_SLICES``: row-parallel layers of decode-sized batches (here 2-12 rows) sum
-    their output in slices inside the layer (the custom all-reduce on a side stream on GPUs, gloo here), the
-    norms after them do not sum again, and the greedy tokens equal TP=1's."""
-    monkeypatch.setenv("MINIVLLM_FUSED_AR_NORM", in_norm)
-    monkeypatch.setenv("MINIVLLM_TP_DECODE_OVERLAP_SLICES", "3")
-    monkeypatch.setenv("MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS", "2")
-    monkeypatch.setenv("MINIVLLM_TP_DECODE_OVERLAP_MAX_ROWS", "12")
-    with LLM(tiny_untied_model, tensor_parallel_size=2, **KW) as llm:
-        group = llm.executor.runner.tp_group
-        assert group.row_sum_plan(12) == (3, True) and group.row_sum_plan(2) == (3, True)
-        assert group.row_sum_plan(1) is None and group.row_sum_plan(13) is None
-        got = _run(llm)[0]
-        assert group.num_overlapped_sums > 0
-    for name in ("MINIVLLM_FUSED_AR_NORM", "MINIVLLM_TP_DECODE_OVERLAP_SLICES", "MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS",
-                 "MINIVLLM_TP_DECODE_OVERLAP_MAX_ROWS"):
-        monkeypatch.delenv(name)
-    assert got == _reference(tiny_untied_model)[0]
-
-
-def test_decode_overlap_switches(monkeypatch):
-    from minivllm.utils.tp_switches import decode_overlap_rows, decode_overlap_slices
-
-    for name in ("SLICES", "MIN_ROWS", "MAX_ROWS"):
-        monkeypatch.delenv(f"MINIVLLM_TP_DECODE_OVERLAP_{name}", raising=False)
-    assert (decode_overlap_slices(), decode_overlap_rows()) == (0, (17, 256))
-    monkeypatch.setenv("MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS", "300")
-    with pytest.raises(ValueError, match="MIN_ROWS \\(300\\) is above"):
-        decode_overlap_rows()
-    monkeypatch.setenv("MINIVLLM_TP_DECODE_OVERLAP_SLICES", "two")
-    with pytest.raises(ValueError, match="MINIVLLM_TP_DECODE_OVERLAP_SLICES must be a slice count"):
-        decode_overlap_slices()
-
-
+@pytest.mark.slow
 def test_tp2_chunked_prefill_small_cache(tiny_tied_model):
     ref, _ = _reference(tiny_tied_model, **CHUNKED)
     with LLM(tiny_tied_model, tensor_parallel_size=2, **KW, **CHUNKED) as llm:
@@ -267,6 +213,7 @@ if sys.argv[2] == "kill":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_workers_end_with_the_engine_process(tiny_tied_model, how):
     """Exit without close(): the engine's finalizer stops the workers. SIGKILL: they see their parent go."""
@@ -284,30 +231,30 @@ def test_workers_end_with_the_engine_process(tiny_tied_model, how):
     assert how == "kill" or "leaked" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("skip", ["0", "1"])
-def test_debug_skip_tp_sums(skip, monkeypatch):
-    """``MINIVLLM_DEBUG_SKIP_TP_SUMS=1`` (a timing diagnostic): float sums return at once, a MIN still
-    reduces, and no row-parallel sum takes the overlapped path; ``0``: the float sum happens."""
+def test_tp_group_collectives_over_gloo():
+    """Two ranks' ``TPGroup`` on the CPU (gloo): sum and min all-reduces in place, broadcast, gather."""
     import socket
-    import threading
 
-    from minivllm.utils.parallel import TPGroup
+    from minivllm.distributed.group import TPGroup, rank_and_size
 
-    monkeypatch.setenv("MINIVLLM_DEBUG_SKIP_TP_SUMS", skip)
-    monkeypatch.setenv("MINIVLLM_TP_OVERLAP_MIN_ROWS", "4")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     results, groups = {}, {}
 
     def rank_main(rank: int) -> None:
-        g = TPGroup(torch.device("cpu"), f"tcp://127.0.0.1:{port}", 2, rank)
+        g = TPGroup(torch.device("cpu"), f"tcp://127.0.0.1:{port}", 2, rank, timeout_s=60)
         groups[rank] = g
+        assert g.comm is None and g.custom_ar is None  # gloo only
         x = torch.full((4,), float(rank + 1))
         g.all_reduce(x)
         m = torch.tensor([rank + 5], dtype=torch.int64)
         g.all_reduce(m, "min")
-        results[rank] = (x.tolist(), int(m), g.overlaps_row_sum(8))
+        b = torch.arange(3) * (rank + 1)
+        g.broadcast(b, src=0)
+        parts = g.gather(torch.full((2,), float(rank)), dst=0)
+        results[rank] = (x.tolist(), int(m), b.tolist(), None if parts is None else [p.tolist() for p in parts],
+                         rank_and_size(g))
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
     for t in threads:
@@ -317,30 +264,13 @@ def test_debug_skip_tp_sums(skip, monkeypatch):
     for g in groups.values():
         g.shutdown()
     assert set(results) == {0, 1}
-    for rank, (x, m, overlaps) in results.items():
-        assert x == ([float(rank + 1)] * 4 if skip == "1" else [3.0] * 4)
-        assert m == 5
-        assert overlaps == (skip == "0")
+    for rank, (x, m, b, parts, rs) in results.items():
+        assert x == [3.0] * 4 and m == 5 and b == [0, 1, 2] and rs == (rank, 2)
+        assert parts == ([[0.0, 0.0], [1.0, 1.0]] if rank == 0 else None)
+    assert rank_and_size(None) == (0, 1)
 
 
-def test_overlap_switches_reject_bad_values(monkeypatch):
-    """The overlapped row sums' settings: defaults (off, 4 slices), and a clear error for a bad value."""
-    from minivllm.layers.overlapped_linear import overlap_chunks
-    from minivllm.utils.tp_switches import overlap_min_rows
-
-    monkeypatch.delenv("MINIVLLM_TP_OVERLAP_MIN_ROWS", raising=False)
-    monkeypatch.delenv("MINIVLLM_TP_OVERLAP_CHUNKS", raising=False)
-    assert (overlap_min_rows(), overlap_chunks()) == (0, 4)
-    for bad in ("-1", "many"):
-        monkeypatch.setenv("MINIVLLM_TP_OVERLAP_MIN_ROWS", bad)
-        with pytest.raises(ValueError, match="MINIVLLM_TP_OVERLAP_MIN_ROWS must be a row count"):
-            overlap_min_rows()
-    for bad in ("0", "x"):
-        monkeypatch.setenv("MINIVLLM_TP_OVERLAP_CHUNKS", bad)
-        with pytest.raises(ValueError, match="MINIVLLM_TP_OVERLAP_CHUNKS must be a slice count"):
-            overlap_chunks()
-
-
+@pytest.mark.slow
 def test_tp2_on_cpu_without_the_triton_interpreter(tiny_tied_model):
     """A user's CPU run (no ``TRITON_INTERPRET``, which the tests otherwise set): TP=2 starts, samples through
     the gathered logits (the sharded path's kernels are Triton's) and gives TP=1's greedy tokens. Before the

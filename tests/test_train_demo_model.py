@@ -1,4 +1,5 @@
-"""End-to-end check of scripts/train_demo_model.py on a tiny config (CPU, one thread, a few seconds)."""
+"""End-to-end check of scripts/train_demo_model.py on a tiny config (CPU, one thread, a few seconds: the slow
+tier)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_demo_model.py"
 TINY_ARGS = [
     "--device", "cpu", "--threads", "1", "--seed", "0",

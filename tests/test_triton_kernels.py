@@ -1,4 +1,5 @@
-"""Triton KV-store and paged-attention kernels vs the torch reference.
+"""Triton paged-attention kernels vs the torch reference (the K/V store, fused into the q/k norm + RoPE
+kernel, is checked in ``tests/test_fused_kernels.py``).
 
 Without a GPU these run under ``TRITON_INTERPRET=1`` (set by ``tests/conftest.py`` before the
 kernels are imported), so shapes are kept small. Caches are poisoned with NaN outside the
@@ -18,8 +19,7 @@ pytest.importorskip("triton")
 
 from minivllm.kernels.paged_attention import paged_attention  # noqa: E402
 from minivllm.kernels.paged_decode import choose_num_splits, paged_decode, paged_decode_split_kv  # noqa: E402
-from minivllm.kernels.reference import paged_attention_ref, store_kvcache_ref  # noqa: E402
-from minivllm.kernels.store_kvcache import store_kvcache  # noqa: E402
+from minivllm.kernels.reference import paged_attention_ref  # noqa: E402
 
 pytestmark = pytest.mark.triton
 
@@ -73,43 +73,6 @@ def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
     torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), **TOL[dtype])
 
 
-# ------------------------------------------------------------------------------ store
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
-@pytest.mark.parametrize("num_kv_heads,head_dim,block_size", [(2, 32, 16), (3, 16, 128)])
-def test_store_kvcache(dtype, slot_dtype, num_kv_heads, head_dim, block_size):
-    gen = torch.Generator().manual_seed(1)
-    num_tokens, num_heads, num_blocks = 11, 2 * num_kv_heads, 5
-    # key/value are strided views of a fused qkv output, as in the model.
-    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(dtype)
-    _, key, value = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
-    key = key.view(num_tokens, num_kv_heads, head_dim)
-    value = value.view(num_tokens, num_kv_heads, head_dim)
-    assert not key.is_contiguous()
-    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
-    slots[[2, 7]] = -1
-    slot_mapping = slots.to(slot_dtype)
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(dtype)
-    v_cache = torch.randn(shape, generator=gen).to(dtype)
-    k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    store_kvcache_ref(key, value, k_ref, v_ref, slot_mapping)
-    k_dev, v_dev = k_cache.to(DEVICE), v_cache.to(DEVICE)
-    store_kvcache(key.to(DEVICE), value.to(DEVICE), k_dev, v_dev, slot_mapping.to(DEVICE))
-    assert torch.equal(k_dev.cpu(), k_ref) and torch.equal(v_dev.cpu(), v_ref)
-
-
-def test_store_kvcache_all_skipped_and_empty():
-    k_cache = torch.zeros(2, 16, 1, 16, device=DEVICE)
-    v_cache = torch.zeros_like(k_cache)
-    kv = torch.ones(3, 1, 16, device=DEVICE)
-    store_kvcache(kv, kv, k_cache, v_cache, torch.full((3,), -1, dtype=torch.int64, device=DEVICE))
-    store_kvcache(kv[:0], kv[:0], k_cache, v_cache, torch.empty(0, dtype=torch.int64, device=DEVICE))
-    assert k_cache.abs().sum() == 0 and v_cache.abs().sum() == 0
-
-
 # ------------------------------------------------------------------------------ unified kernel
 
 # (rows as (q_len, context_len), num_heads, num_kv_heads, head_dim, block_size, dtype, tiles)
@@ -130,7 +93,10 @@ CASES = {
 # fmt: on
 
 
-@pytest.mark.parametrize("name", list(CASES))
+FAST_CASES = ("mixed_gqa2_d64_f32", "mixed_gqa2_bs128_f16")  # the fast tier's case per dtype; the rest: -m slow
+
+
+@pytest.mark.parametrize("name", [n if n in FAST_CASES else pytest.param(n, marks=pytest.mark.slow) for n in CASES])
 def test_paged_attention_ragged(name):
     rows, nh, nkv, d, bs, dtype, tiles = CASES[name]
     q, kc, vc, cu, ctx, bt = make_batch(
@@ -173,11 +139,17 @@ def test_paged_attention_padded_rows_untouched():
 # ------------------------------------------------------------------------------ split-KV decode
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3])
-@pytest.mark.parametrize(
-    "nh,nkv,d,bs,dtype",
-    [(4, 2, 32, 16, torch.float16), (8, 1, 16, 128, torch.float32), (4, 4, 64, 16, torch.float16)],
-)
+def _split_kv_grid():
+    """Every (shape, splits); one case per dtype in the fast tier (3 splits over f16, 2 over f32), the rest slow."""
+    fast = {((4, 2, 32, 16, torch.float16), 3), ((8, 1, 16, 128, torch.float32), 2)}
+    for shape in [(4, 2, 32, 16, torch.float16), (8, 1, 16, 128, torch.float32), (4, 4, 64, 16, torch.float16)]:
+        for num_splits in (1, 2, 3):
+            marks = () if (shape, num_splits) in fast else pytest.mark.slow
+            yield pytest.param(num_splits, *shape, marks=marks,
+                               id=f"{num_splits}-{shape[0]}-{shape[1]}-{shape[2]}-{shape[3]}-{str(shape[4])[6:]}")
+
+
+@pytest.mark.parametrize("num_splits,nh,nkv,d,bs,dtype", list(_split_kv_grid()))
 def test_split_kv_decode(num_splits, nh, nkv, d, bs, dtype):
     rows = [(1, c) for c in (1, 30, 80, 64, 17, 47, 15)]
     q, kc, vc, cu, ctx, bt = make_batch(rows, nh, nkv, d, bs, dtype, seed=10 + num_splits)
@@ -218,69 +190,43 @@ def test_choose_num_splits():
     assert choose_num_splits(0, 8, 4096, 132) >= 1
 
 
-def test_pdl_only_on_cuda(monkeypatch):
-    """Programmatic dependent launch: never for CPU tensors or under the interpreter, whatever the switch."""
+def test_pdl_only_on_cuda():
+    """Programmatic dependent launch: never for CPU tensors (the interpreter)."""
     from minivllm.kernels.pdl import pdl_options, use_pdl
 
-    for flag in ("0", "1"):
-        monkeypatch.setenv("MINIVLLM_PDL", flag)
-        assert not use_pdl(torch.ones(2))
-        assert pdl_options(torch.ones(2)) == {"USE_PDL": False}
+    assert not use_pdl(torch.ones(2))
+    assert pdl_options(torch.ones(2)) == {"USE_PDL": False}
 
 
-def test_pdl_for_rows(monkeypatch):
-    """``MINIVLLM_PDL_MAX_ROWS``: inside ``pdl_for_rows(n)`` a larger batch launches without PDL; the scope
-    nests and restores; a bad value is a clear error."""
+def test_pdl_by_leading_dim(monkeypatch):
+    """On sm_90+, kernels launch with PDL when their tensor's leading dim is at most ``PDL_MAX_ROWS`` (16), so
+    a decode step of up to 16 rows takes it and a larger batch does not."""
     from types import SimpleNamespace
 
     from minivllm.kernels import pdl
 
-    monkeypatch.delenv("MINIVLLM_PDL", raising=False)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: True)
-    gpu = SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0))  # stands in for a CUDA tensor
-    monkeypatch.delenv("MINIVLLM_PDL_MAX_ROWS", raising=False)
-    with pdl.pdl_for_rows(16):
-        assert pdl.use_pdl(gpu)
-    with pdl.pdl_for_rows(17):
-        assert not pdl.use_pdl(gpu)  # 16 rows by default
-    monkeypatch.setenv("MINIVLLM_PDL_MAX_ROWS", "100000")
-    with pdl.pdl_for_rows(100_000):
-        assert pdl.use_pdl(gpu)
-    monkeypatch.setenv("MINIVLLM_PDL_MAX_ROWS", "16")
-    assert pdl.use_pdl(gpu)  # outside any scope
-    with pdl.pdl_for_rows(16):
-        assert pdl.use_pdl(gpu)
-        with pdl.pdl_for_rows(17):
-            assert not pdl.use_pdl(gpu)
-            assert pdl.pdl_options(gpu) == {"USE_PDL": False}
-        assert pdl.use_pdl(gpu)
-    assert pdl.use_pdl(gpu)
-    monkeypatch.setenv("MINIVLLM_PDL_MAX_ROWS", "some")
-    with pytest.raises(ValueError, match="MINIVLLM_PDL_MAX_ROWS must be a row count"):
-        with pdl.pdl_for_rows(1):
-            pass
+
+    def gpu(*shape):  # stands in for a CUDA tensor
+        return SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0), shape=shape, dim=lambda: len(shape))
+
+    assert pdl.PDL_MAX_ROWS == 16
+    assert pdl.use_pdl(gpu(1, 4096)) and pdl.use_pdl(gpu(16, 32, 128))
+    assert pdl.pdl_options(gpu(16, 4096)) == {"USE_PDL": True, "launch_pdl": True}
+    assert not pdl.use_pdl(gpu(17, 4096)) and not pdl.use_pdl(gpu(4096))
+    assert pdl.pdl_options(gpu(17, 4096)) == {"USE_PDL": False}
+    assert not pdl.use_pdl(gpu())  # a scalar
+    monkeypatch.setattr(pdl, "_hopper_or_later", lambda index: False)
+    assert not pdl.use_pdl(gpu(1, 4096))  # before sm_90
 
 
-def test_blas_for_rows_out_of_range_and_bad_values(monkeypatch):
-    """``MINIVLLM_CUBLASLT_{MIN,MAX}_ROWS``: graphs of 17-128 rows by default; outside the range the BLAS
-    backend is not touched (which works on a CPU build); a bad value is a clear error."""
-    from minivllm.engine.cuda_graphs import blas_for_rows, cublaslt_rows
+def test_blas_for_rows_out_of_range():
+    """Decode graphs of 17-128 rows capture cuBLASLt GEMMs; outside that range the BLAS backend is not
+    touched (which works on a CPU build)."""
+    from minivllm.worker.cuda_graphs import CUBLASLT_ROWS, blas_for_rows
 
     before = torch.backends.cuda.preferred_blas_library()
-    monkeypatch.delenv("MINIVLLM_CUBLASLT_MIN_ROWS", raising=False)
-    monkeypatch.delenv("MINIVLLM_CUBLASLT_MAX_ROWS", raising=False)
-    assert cublaslt_rows() == range(17, 129)
+    assert CUBLASLT_ROWS == range(17, 129)
     for rows in (1, 16, 129, 4096):
         with blas_for_rows(rows):
             assert torch.backends.cuda.preferred_blas_library() == before
-    monkeypatch.setenv("MINIVLLM_CUBLASLT_MAX_ROWS", "0")
-    assert 17 not in cublaslt_rows() and 128 not in cublaslt_rows()
-    with blas_for_rows(64):
-        assert torch.backends.cuda.preferred_blas_library() == before
-    monkeypatch.setenv("MINIVLLM_CUBLASLT_MIN_ROWS", "32")
-    monkeypatch.setenv("MINIVLLM_CUBLASLT_MAX_ROWS", "64")
-    assert cublaslt_rows() == range(32, 65)
-    monkeypatch.setenv("MINIVLLM_CUBLASLT_MAX_ROWS", "-3")
-    with pytest.raises(ValueError, match="MINIVLLM_CUBLASLT_MAX_ROWS must be a row count"):
-        cublaslt_rows()

@@ -1,0 +1,1 @@
+"""The engine: the step loop (LLMEngine), the async engine of the server, output processing."""

@@ -146,7 +146,7 @@ class AsyncLLM:
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.config.max_model_len
+        return self.engine.config.model_config.max_model_len
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         """Token ids to text (ids outside the tokenizer's vocabulary are dropped)."""

@@ -18,33 +18,22 @@ abort), call :meth:`IncrementalDetokenizer.finish` (or pass ``finished=True`` to
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 
 #: prompt tokens kept as left context for the first output tokens (vLLM uses 5).
 PROMPT_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
 _MAX_TOKEN_ID = (1 << 31) - 1
-_SPECIAL_IDS_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def special_token_ids(tokenizer) -> frozenset[int]:
     """Ids that ``decode(..., skip_special_tokens=True)`` drops: the tokenizer's special ids plus
     every added token flagged ``special`` (``all_special_ids`` alone can miss some of those)."""
-    try:
-        return _SPECIAL_IDS_CACHE[tokenizer]
-    except (KeyError, TypeError):
-        pass
     ids = set(getattr(tokenizer, "all_special_ids", ()) or ())
     for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
         if getattr(tok, "special", False):
             ids.add(int(i))
-    result = frozenset(ids)
-    try:
-        _SPECIAL_IDS_CACHE[tokenizer] = result
-    except TypeError:
-        pass
-    return result
+    return frozenset(ids)
 
 
 class IncrementalDetokenizer:
@@ -63,6 +52,7 @@ class IncrementalDetokenizer:
         stop: Sequence[str] | str | None = None,
         include_stop_str_in_output: bool = False,
         min_tokens: int = 0,
+        special_ids: frozenset[int] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
@@ -72,7 +62,11 @@ class IncrementalDetokenizer:
         self.include_stop_str_in_output = include_stop_str_in_output
         self.min_tokens = min_tokens
         self._max_stop_len = max((len(s) for s in self.stop), default=0)
-        self._skip_ids = special_token_ids(tokenizer) if skip_special_tokens else frozenset()
+        # NOTE: ``special_ids`` (the engine computes them once per tokenizer) saves a pass over the vocabulary
+        if not skip_special_tokens:
+            self._skip_ids = frozenset()
+        else:
+            self._skip_ids = special_ids if special_ids is not None else special_token_ids(tokenizer)
 
         self.output_text = ""
         self.stop_reason: str | None = None

@@ -8,12 +8,14 @@ from dataclasses import replace
 from itertools import count
 
 from minivllm.config import Config
-from minivllm.engine.block_manager import BlockManager
-from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.core.block_manager import BlockManager
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.core.sequence import Sequence
+from minivllm.engine.detokenizer import IncrementalDetokenizer, special_token_ids
 from minivllm.engine.generate import GenerateMixin
 from minivllm.engine.request_state import RequestState
-from minivllm.engine.scheduler import Scheduler
-from minivllm.engine.sequence import Sequence
+from minivllm.engine.tokenizer import load_tokenizer
 from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
@@ -23,30 +25,31 @@ class LLMEngine(GenerateMixin):
 
     def __init__(self, model: str, **kwargs):
         self.config = config = Config.create(model, **kwargs)
-        from minivllm.engine.executor import create_executor
+        mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        from minivllm.worker.executor import create_executor
 
         self.executor = create_executor(config)
-        config.num_kvcache_blocks = self.executor.num_kvcache_blocks
-        self.tokenizer = _load_tokenizer(model)
-        eos = list(config.model_config.eos_token_ids)
+        self.num_kvcache_blocks = self.executor.num_kvcache_blocks
+        self.tokenizer = load_tokenizer(mc.model)
+        self.special_ids = special_token_ids(self.tokenizer) if self.tokenizer is not None else frozenset()
+        eos = list(mc.arch.eos_token_ids)
         if not eos and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos = [self.tokenizer.eos_token_id]
         self.eos_token_ids = eos
-        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size,
-                                          config.enable_prefix_caching)
+        self.block_manager = BlockManager(self.num_kvcache_blocks, cc.kvcache_block_size, cc.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.block_manager, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
-            eos_token_ids=eos, enable_chunked_prefill=config.enable_chunked_prefill,
-            max_num_partial_prefills=config.max_num_partial_prefills,
-            max_long_partial_prefills=config.max_long_partial_prefills,
-            long_prefill_threshold=config.long_prefill_threshold)
+            self.block_manager, max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
+            max_model_len=mc.max_model_len, eos_token_ids=eos, enable_chunked_prefill=sc.enable_chunked_prefill,
+            max_num_partial_prefills=sc.max_num_partial_prefills,
+            max_long_partial_prefills=sc.max_long_partial_prefills,
+            long_prefill_threshold=sc.long_prefill_threshold)
         self._requests: dict[str, RequestState] = {}
         self._seq_to_request: dict[int, tuple[RequestState, int]] = {}
         # asynchronous scheduling: the launched step whose tokens are not on the host yet
-        self._inflight: tuple[list[Sequence], object] | None = None
+        self._inflight: tuple[SchedulerOutput, object] | None = None
         self._penalized: set[str] = set()  # live requests whose sampling reads their token values
         self._ids = count()
+        self._seq_ids = count()
         # NOTE: a finalizer (not atexit.register(self.close)) so a dropped engine can be collected;
         # it also runs at interpreter exit.
         self._finalizer = weakref.finalize(self, self.executor.close)
@@ -66,11 +69,11 @@ class LLMEngine(GenerateMixin):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if not token_ids:
             raise ValueError("the prompt is empty: it must have at least one token")
-        vocab = self.config.model_config.vocab_size
+        vocab = self.config.model_config.arch.vocab_size
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        max_len = self.config.max_model_len
+        max_len = self.config.model_config.max_model_len
         if len(token_ids) >= max_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is {max_len}: "
                              f"it must be shorter to leave room for at least one generated token")
@@ -90,7 +93,7 @@ class LLMEngine(GenerateMixin):
         params = sampling_params or SamplingParams()
         text, token_ids = self._tokenize(prompt)
         if strict_length and params.max_tokens is not None:
-            total, limit = len(token_ids) + params.max_tokens, self.config.max_model_len
+            total, limit = len(token_ids) + params.max_tokens, self.config.model_config.max_model_len
             if total > limit:
                 raise ValueError(
                     f"This model's maximum context length is {limit} tokens. However, you requested {total} "
@@ -107,13 +110,14 @@ class LLMEngine(GenerateMixin):
         req = RequestState(request_id, text, token_ids, params, stream)
         for i in range(params.n):
             p = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
-            seq = Sequence(token_ids, p, request_id=f"{request_id}-{i}" if params.n > 1 else request_id)
+            seq = Sequence(next(self._seq_ids), token_ids, p,
+                           request_id=f"{request_id}-{i}" if params.n > 1 else request_id)
             needs_detok = stream or bool(p.stop_strings)
             req.seqs.append(seq)
             req.detoks.append(IncrementalDetokenizer(
                 self.tokenizer, token_ids, skip_special_tokens=p.skip_special_tokens, stop=p.stop_strings,
-                include_stop_str_in_output=p.include_stop_str_in_output, min_tokens=p.min_tokens)
-                if needs_detok and self.tokenizer is not None else None)
+                include_stop_str_in_output=p.include_stop_str_in_output, min_tokens=p.min_tokens,
+                special_ids=self.special_ids) if needs_detok and self.tokenizer is not None else None)
         for i, seq in enumerate(req.seqs):
             self.scheduler.add(seq)
             self._seq_to_request[seq.seq_id] = (req, i)
@@ -160,12 +164,11 @@ class LLMEngine(GenerateMixin):
         sched = self.scheduler.schedule()
         launched = None
         if not sched.is_empty:
-            handle = self.executor.launch(sched)
-            launched = (self.scheduler.advance(sched), handle)
+            launched = (sched, self.executor.launch(sched))
         previous, self._inflight = self._inflight, launched
         if previous is not None:
             self._resolve(previous, touched)
-        if not self.config.async_scheduling and launched is not None:
+        if not self.config.scheduler_config.async_scheduling and launched is not None:
             self._inflight = None
             self._resolve(launched, touched)
         outputs = [self._snapshot(req) for req in touched.values()]
@@ -173,16 +176,17 @@ class LLMEngine(GenerateMixin):
         stats = StepStats(
             num_prefill_tokens=sched.num_prefill_tokens, num_decode_tokens=sched.num_decode_tokens,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_preempted=len(sched.preempted), num_scheduled_seqs=len(sched.scheduled), kv_blocks_used=bm.num_used_blocks, kv_blocks_total=bm.num_blocks,
+            num_preempted=len(sched.preempted_seq_ids), num_scheduled_seqs=len(sched.rows),
+            kv_blocks_used=bm.num_used_blocks, kv_blocks_total=bm.num_blocks,
             prefix_cache_hit_tokens=sched.num_cached_tokens, prefix_cache_query_tokens=sched.num_admitted_tokens,
             step_time=time.perf_counter() - t0)
         return outputs, stats
 
-    def _resolve(self, launched: tuple[list[Sequence], object], touched: dict[str, RequestState]) -> None:
+    def _resolve(self, launched: tuple[SchedulerOutput, object], touched: dict[str, RequestState]) -> None:
         """Wait for a launched step's tokens, hand them to the scheduler and the requests."""
-        seqs, handle = launched
+        sched, handle = launched
         sampled = handle.result()
-        updated = self.scheduler.resolve(seqs, sampled.token_ids)
+        updated = self.scheduler.update_from_output(sched, sampled.token_ids)
         now = time.monotonic()
         for row, seq in updated:
             req, i = self._seq_to_request[seq.seq_id]
@@ -219,13 +223,3 @@ class LLMEngine(GenerateMixin):
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _load_tokenizer(path: str):
-    import os
-
-    if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json",
-                                                                "vocab.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, use_fast=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from minivllm.core.sequence import Sequence
 from minivllm.engine.detokenizer import IncrementalDetokenizer
-from minivllm.engine.sequence import Sequence
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import SamplingParams
 

@@ -3,24 +3,20 @@
 Below ~200 rows a linear layer on an H100/H200 is a stream over its weight matrix (each weight
 element meets fewer rows than the GPU's FLOP-to-byte ratio), and its speed is the fraction of HBM
 bandwidth it reaches. cuBLAS's small-M kernels reach 50-75% on the 17-100 MB matrices of a
-tensor-parallel 8B decode step (profiles of 2026-11-22/23, H200) and some add a split-K reduce
+tensor-parallel 8B decode step (profiled on an H200) and some add a split-K reduce
 kernel. This kernel gives each program ``BLOCK_N`` output columns and all the rows (up to
 ``BLOCK_M``, the rows rounded up to a power of two), streams their weight rows through a
 ``NUM_STAGES``-deep pipeline of ``[BLOCK_N, BLOCK_K]`` tiles into ``tl.dot`` and writes the result
-directly: one kernel per linear layer. ``SWAP_AB`` computes the transposed product
-``w @ x.T`` instead, so the weight tile is the MMA's 64-row operand (Hopper's wgmma) and the few
-rows of ``x`` its narrow one.
+directly: one kernel per linear layer. One row takes a variant without MMA (``_gemv_fma_kernel``).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.gemv_config import block_m, gemv_config
+from minivllm.kernels.gemv_config import VARIANTS, block_m, gemv_config
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 
@@ -42,7 +38,6 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    SWAP_AB: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
@@ -55,43 +50,15 @@ def _gemv_kernel(
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
     x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm
     w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
-    acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         kk = k + rk
         x = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)  # [BM, BK]
         w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)  # [BN, BK]
-        acc = _mma(acc, x, w, SWAP_AB, DOT_F32)
-    _store_tile(acc, rm, rn, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS, SWAP_AB)
-
-
-@triton.jit
-def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
-    """The float32 accumulator: [BN, BM] with SWAP_AB, else [BM, BN]."""
-    if SWAP_AB:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    return acc
-
-
-@triton.jit
-def _mma(acc, x, w, SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr):
-    """``acc + x @ w.T`` for tiles x [BM, BK] and w [BN, BK] (``w @ x.T`` into [BN, BM] with SWAP_AB)."""
-    if DOT_F32:  # NOTE: the interpreter's bf16/fp16 dot is wrong; float32 tiles there
-        x = x.to(tl.float32)
-        w = w.to(tl.float32)
-    if SWAP_AB:
-        acc += tl.dot(w, tl.trans(x))  # [BN, BM]
-    else:
+        if DOT_F32:  # NOTE: the interpreter's bf16/fp16 dot is wrong; float32 tiles there
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
         acc += tl.dot(x, tl.trans(w))  # [BM, BN]
-    return acc
-
-
-@triton.jit
-def _store_tile(acc, rm, rn, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr):
-    """Rows ``rm``, columns ``rn`` of the output: the accumulator (+ bias), in the output's dtype."""
-    if SWAP_AB:
-        acc = tl.trans(acc)  # [BM, BN]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
@@ -133,44 +100,6 @@ def _gemv_fma_kernel(
     tl.store(out_ptr + row * stride_om + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
-@triton.jit
-def _gemv_tma_kernel(
-    x_desc,  # [M, K] blocks [BLOCK_M, BLOCK_K]
-    w_desc,  # [N, K] blocks [BLOCK_N, BLOCK_K]
-    bias_ptr,  # [N] or a dummy
-    out_ptr,  # [M, N]
-    M,
-    N,
-    K,
-    stride_om,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-    DOT_F32: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """``_gemv_kernel`` with its tiles loaded by the TMA (tensor descriptors; out-of-range elements read 0)."""
-    pdl_wait(USE_PDL)
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP_AB)
-    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        x = x_desc.load([pid_m * BLOCK_M, k])  # [BM, BK]
-        w = w_desc.load([pid_n * BLOCK_N, k])  # [BN, BK]
-        acc = _mma(acc, x, w, SWAP_AB, DOT_F32)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    _store_tile(acc, rm, rn, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS, SWAP_AB)
-
-
-def _tma_aligned(t: torch.Tensor) -> bool:
-    """Whether the TMA can address ``t``'s rows: 16-byte aligned start and row stride (else the plain loads)."""
-    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
-
-
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
          config: tuple | None = None) -> torch.Tensor:
     """``x @ w.T + bias`` for ``x`` [M, K], ``w`` [N, K] (rows contiguous): [M, N] in ``x``'s dtype."""
@@ -184,7 +113,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     if m == 0:
         return out
     bn, bk, stages, warps, variant = config or gemv_config(n, k, m)
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if variant not in VARIANTS:
+        raise ValueError(f"a GEMV config's variant is one of {VARIANTS}, got {variant!r}")
     bias_arg = bias if bias is not None else out
     if variant == "f":
         _gemv_fma_kernel[(m, triton.cdiv(n, bn))](
@@ -193,18 +123,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
         return out
     bm = block_m(m)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    if variant.startswith("t") and _tma_aligned(x) and _tma_aligned(w):
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        _gemv_tma_kernel[grid](
-            TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]), bias_arg, out,
-            m, n, k, out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            NUM_STAGES=stages, SWAP_AB=variant == "ts", DOT_F32=interpret and x.dtype != torch.float32,
-            num_warps=warps, **pdl_options(x))
-        return out
+    # NOTE: Triton runs on CPU tensors only in its interpreter, whose bf16/fp16 dot is wrong
     _gemv_kernel[grid](
         x, w, bias_arg, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, DOT_F32=interpret and x.dtype != torch.float32, BLOCK_M=bm,
-        BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, SWAP_AB=variant.endswith("s"), num_warps=warps,
-        **pdl_options(x))
+        HAS_BIAS=bias is not None, DOT_F32=x.device.type == "cpu" and x.dtype != torch.float32, BLOCK_M=bm,
+        BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, num_warps=warps, **pdl_options(x))
     return out

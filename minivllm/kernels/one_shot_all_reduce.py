@@ -24,31 +24,22 @@ NOTE (the protocol):
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from minivllm.kernels.pdl import pdl_options, pdl_wait
-from minivllm.utils.env import env_int
 
 try:
     from triton.language.extra.cuda import globaltimer
-except ImportError:  # pragma: no cover - older Triton: no wait records
+except ImportError:  # pragma: no cover - older Triton: the abort flag is read every CHECK_EVERY polls
     globaltimer = None
 
 # NOTE: a wait reads the abort flag (pinned host memory) every this many polls of the peers' flags, and
-# on GPUs only once it has lasted ABORT_CHECK_AFTER_NS. Every thread of every program reads it, and on
-# 2 x H200 (2026-11-23) reads every 16 polls made every call ~510 us (~1040 us fused) against 5-16 us:
-# once one rank's wait reaches its host reads, that rank is late for the next call, the peer's wait
-# reaches its own, and the two sustain each other. Reads every 1024 polls (~0.3 ms) still locked some
-# benchmark runs into ~335 us calls. MINIVLLM_CUSTOM_AR_CHECK_EVERY overrides the poll count.
-def _check_every() -> int:
-    return env_int("MINIVLLM_CUSTOM_AR_CHECK_EVERY", 1024, minimum=1, what="a poll count")
-
-
-SPIN_CHECK_ABORT_EVERY = _check_every()
+# on GPUs only once it has lasted ABORT_CHECK_AFTER_NS. Every thread of every program reads it: frequent
+# host reads make a rank late for the next call, its peer's wait then reaches its own host reads, and the
+# two sustain each other (reads every 16 polls made calls ~30x slower on 2 x H200).
+SPIN_CHECK_ABORT_EVERY = 1024
 ABORT_CHECK_AFTER_NS = tl.constexpr(20_000_000)  # a wait this long (20 ms) means a peer is stuck or dead
 
 
@@ -62,8 +53,8 @@ def _push_row(x, ptrs, dst_off, mask, half, cap, RANK: tl.constexpr, WORLD: tl.c
 
 
 @triton.jit
-def _signal_and_wait(ptrs, pid, epoch, waits, RANK: tl.constexpr, WORLD: tl.constexpr, CHECK_EVERY: tl.constexpr,
-                     WAIT_RING: tl.constexpr, TIMED_ABORT: tl.constexpr):
+def _signal_and_wait(ptrs, pid, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, CHECK_EVERY: tl.constexpr,
+                     TIMED_ABORT: tl.constexpr):
     """Raise this program's flag on every peer to ``epoch``, then wait until every peer's program
     ``pid`` has raised its flag here (or the abort flag is set; with ``TIMED_ABORT`` it is read only
     once the wait has lasted ABORT_CHECK_AFTER_NS)."""
@@ -75,7 +66,7 @@ def _signal_and_wait(ptrs, pid, epoch, waits, RANK: tl.constexpr, WORLD: tl.cons
             tl.atomic_xchg(peer_flags + RANK, epoch, sem="release", scope="sys")
     abort = tl.load(ptrs + 2 * WORLD).to(tl.pointer_type(tl.int32))
     t0 = tl.zeros([], dtype=tl.int64)
-    if WAIT_RING > 0 or TIMED_ABORT:
+    if TIMED_ABORT:
         t0 = globaltimer()
     for p in tl.static_range(WORLD):
         if p != RANK:
@@ -94,9 +85,6 @@ def _signal_and_wait(ptrs, pid, epoch, waits, RANK: tl.constexpr, WORLD: tl.cons
                     else:
                         stop = tl.load(abort, volatile=True)
             tl.atomic_add(flags + p, 0, sem="acquire", scope="sys")
-    if WAIT_RING > 0:
-        if pid == 0:
-            tl.store(waits + epoch % WAIT_RING, globaltimer() - t0)
     tl.debug_barrier()  # NOTE: the peers' data is read after the acquire above
 
 
@@ -120,12 +108,10 @@ def _one_shot_all_reduce_kernel(
     cap,  # elements in each slot of a data buffer
     ptrs,  # [2W + 1] int64 addresses, see the module docstring
     counters,  # [grid] int32, this rank's call count per program
-    waits,  # [WAIT_RING] int64: program 0's wait for the peers' flags, ns, at call % WAIT_RING
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
     BLOCK: tl.constexpr,
     CHECK_EVERY: tl.constexpr,
-    WAIT_RING: tl.constexpr,  # 0: no records (a diagnostic; GPUs only)
     TIMED_ABORT: tl.constexpr,  # read the abort flag only after long waits (GPUs: globaltimer)
     USE_PDL: tl.constexpr,
 ):
@@ -138,7 +124,7 @@ def _one_shot_all_reduce_kernel(
         offs = start + tl.arange(0, BLOCK)  # [BLOCK]
         mask = offs < n
         _push_row(tl.load(x_ptr + offs, mask=mask), ptrs, offs, mask, half, cap, RANK, WORLD)
-    _signal_and_wait(ptrs, pid, epoch, waits, RANK, WORLD, CHECK_EVERY, WAIT_RING, TIMED_ABORT)
+    _signal_and_wait(ptrs, pid, epoch, RANK, WORLD, CHECK_EVERY, TIMED_ABORT)
     own = tl.load(ptrs + RANK).to(tl.pointer_type(x_ptr.dtype.element_ty)) + half
     for start in range(pid * BLOCK, n, step):  # every slot is local now: sum them in rank order
         offs = start + tl.arange(0, BLOCK)
@@ -159,13 +145,11 @@ def _one_shot_all_reduce_add_rms_norm_kernel(
     cap,
     ptrs,
     counters,
-    waits,
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
     BLOCK_D: tl.constexpr,
     ROWS: tl.constexpr,  # rows a program handles at once (a [ROWS, BLOCK_D] tile)
     CHECK_EVERY: tl.constexpr,
-    WAIT_RING: tl.constexpr,
     TIMED_ABORT: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -185,7 +169,7 @@ def _one_shot_all_reduce_add_rms_norm_kernel(
         mask = (rows < M)[:, None] & d_mask[None, :]  # [ROWS, BLOCK_D]
         off = rows[:, None] * D + offs[None, :]  # [ROWS, BLOCK_D] (< cap: int32 is enough)
         _push_row(tl.load(x_ptr + off, mask=mask), ptrs, off, mask, half, cap, RANK, WORLD)
-    _signal_and_wait(ptrs, pid, epoch, waits, RANK, WORLD, CHECK_EVERY, WAIT_RING, TIMED_ABORT)
+    _signal_and_wait(ptrs, pid, epoch, RANK, WORLD, CHECK_EVERY, TIMED_ABORT)
     own = tl.load(ptrs + RANK).to(tl.pointer_type(dt)) + half
     w = tl.load(w_ptr + offs, mask=d_mask, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_D]
     for base in range(pid, M, nprog * ROWS):
@@ -204,22 +188,19 @@ def _one_shot_all_reduce_add_rms_norm_kernel(
 
 
 def _timed_abort(x: torch.Tensor) -> bool:
-    return x.is_cuda and globaltimer is not None and os.environ.get("TRITON_INTERPRET") != "1"
+    """GPUs read the abort flag only after long waits (the interpreter, on CPU tensors, has no timer)."""
+    return x.is_cuda and globaltimer is not None
 
 
 def one_shot_all_reduce(x: torch.Tensor, out: torch.Tensor, ptrs: torch.Tensor, counters: torch.Tensor,
-                        cap: int, rank: int, world: int, block: int = 2048, num_warps: int = 8,
-                        waits: torch.Tensor | None = None) -> None:
+                        cap: int, rank: int, world: int, block: int = 2048, num_warps: int = 8) -> None:
     """Launch the kernel with one program per entry of ``counters`` (the same count on every rank).
 
-    ``cap``: elements of ``x``'s dtype in one slot of a data buffer. ``waits`` (int64, GPUs): a ring
-    that records how long each call waited for the peers (program 0, ns), indexed by call count.
+    ``cap``: elements of ``x``'s dtype in one slot of a data buffer.
     """
-    ring = 0 if waits is None or globaltimer is None or not x.is_cuda else waits.numel()
     _one_shot_all_reduce_kernel[(counters.numel(),)](
-        x, out, x.numel(), cap, ptrs, counters, waits if ring else counters, RANK=rank, WORLD=world, BLOCK=block,
-        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring, TIMED_ABORT=_timed_abort(x), num_warps=num_warps,
-        **pdl_options(x))
+        x, out, x.numel(), cap, ptrs, counters, RANK=rank, WORLD=world, BLOCK=block,
+        CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, TIMED_ABORT=_timed_abort(x), num_warps=num_warps, **pdl_options(x))
 
 
 def norm_tile_rows(m: int, d: int, programs: int, max_tile: int = 8192) -> int:
@@ -231,7 +212,7 @@ def norm_tile_rows(m: int, d: int, programs: int, max_tile: int = 8192) -> int:
 
 def one_shot_all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                                      ptrs: torch.Tensor, counters: torch.Tensor, cap: int, rank: int, world: int,
-                                     waits: torch.Tensor | None = None, rows: int | None = None) -> None:
+                                     rows: int | None = None) -> None:
     """In place: ``residual = sum_ranks(x) + residual``, ``x = rms_norm(residual) * weight`` (``fused_norm``'s
     numerics) for contiguous ``[M, D]`` ``x`` and ``residual``; the same buffers and counters as
     ``one_shot_all_reduce``. ``rows``: a program's tile height (default ``norm_tile_rows``; the result
@@ -240,9 +221,8 @@ def one_shot_all_reduce_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, we
     m = x.numel() // d
     block_d = triton.next_power_of_2(d)
     rows = rows or norm_tile_rows(m, d, counters.numel())
-    ring = 0 if waits is None or globaltimer is None or not x.is_cuda else waits.numel()
     _one_shot_all_reduce_add_rms_norm_kernel[(counters.numel(),)](
-        x, residual, weight, m, d, eps, cap, ptrs, counters, waits if ring else counters,
-        RANK=rank, WORLD=world, BLOCK_D=block_d, ROWS=rows, CHECK_EVERY=SPIN_CHECK_ABORT_EVERY, WAIT_RING=ring,
+        x, residual, weight, m, d, eps, cap, ptrs, counters,
+        RANK=rank, WORLD=world, BLOCK_D=block_d, ROWS=rows, CHECK_EVERY=SPIN_CHECK_ABORT_EVERY,
         TIMED_ABORT=_timed_abort(x),
         num_warps=max(1, min(16, block_d // 256)), **pdl_options(x))

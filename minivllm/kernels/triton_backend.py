@@ -1,4 +1,4 @@
-"""The GPU attention backend: Triton KV store, then one paged-attention launch for the step."""
+"""The GPU attention backend: one paged-attention launch for the step (split-KV for small decode batches)."""
 
 from __future__ import annotations
 
@@ -6,23 +6,17 @@ import torch
 
 from minivllm.kernels.paged_attention import paged_attention
 from minivllm.kernels.paged_decode import paged_decode
-from minivllm.kernels.store_kvcache import store_kvcache
 from minivllm.layers.attention_metadata import AttentionMetadata
 
 
 def triton_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
-    store: bool = True,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Store this step's K/V (unless ``store=False``: a fused kernel did), then attend."""
-    if store:
-        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+    """Attend over the paged cache, which already holds this step's K/V."""
     if meta.is_decode:
         # NOTE: decode-only steps may run inside a CUDA graph: nothing here reads device values.
         return paged_decode(q, k_cache, v_cache, meta.context_lens, meta.block_tables, scale, meta.max_context_len)

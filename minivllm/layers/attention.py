@@ -1,4 +1,4 @@
-"""Paged attention layer: stores this step's K/V into the cache, then attends over it."""
+"""Paged attention layer: this step's K/V go into the cache, then the queries attend over it."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from torch import nn
 
 from minivllm.kernels.reference import paged_attention_ref, paged_decode_torch, store_kvcache_ref
 from minivllm.layers.attention_metadata import AttentionMetadata
-from minivllm.utils.env import env_switch
 
 
 class Attention(nn.Module):
     """Attention over a paged KV cache; ``k_cache``/``v_cache`` are bound by the model runner.
 
-    backend "torch": the reference (CPU, obviously right); "triton": the GPU kernels.
+    backend "torch": the reference (CPU, obviously right); "triton": the GPU kernels, where the q/k norm + RoPE
+    kernel stores this step's K/V (:meth:`kv_store_args` gives it the cache).
     """
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int, backend: str = "torch"):
@@ -21,14 +21,11 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.backend = backend
         self.k_cache = self.v_cache = torch.tensor([])
-        # NOTE: read once, at construction (a decode graph's kernels are fixed at capture)
-        self.fused_kv_store = backend == "triton" and env_switch("MINIVLLM_FUSED_KV_STORE", True)
 
     def kv_store_args(self, v: torch.Tensor, meta: AttentionMetadata) -> tuple | None:
-        """``(v, k_cache, v_cache, slot_mapping)`` for a kernel that stores this step's K/V itself (the
-        fused q/k norm + RoPE), or None where the Triton backend or the cache is missing, or with
-        ``MINIVLLM_FUSED_KV_STORE=0``."""
-        if not self.fused_kv_store or self.k_cache.numel() == 0:
+        """``(v, k_cache, v_cache, slot_mapping)`` for a kernel that stores this step's K/V itself, or None
+        without a cache."""
+        if self.k_cache.numel() == 0:
             return None
         return v, self.k_cache, self.v_cache, meta.slot_mapping
 
@@ -40,13 +37,12 @@ class Attention(nn.Module):
         """
         if self.k_cache.numel() == 0:
             raise RuntimeError("the KV cache is not allocated")
+        if not kv_stored:
+            store_kvcache_ref(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         if self.backend == "triton":
             from minivllm.kernels.triton_backend import triton_attention
 
-            return triton_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale, store=not kv_stored)
-        if kv_stored:
-            raise ValueError("kv_stored needs the triton backend")
-        store_kvcache_ref(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+            return triton_attention(q, self.k_cache, self.v_cache, meta, self.scale)
         if meta.is_decode and meta.context_lens_cpu:
             return paged_decode_torch(q, self.k_cache, self.v_cache, meta.context_lens_cpu, meta.block_tables,
                                       self.scale)

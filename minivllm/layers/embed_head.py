@@ -6,16 +6,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.distributed.group import TPGroup, rank_and_size
 from minivllm.layers.linear import linear
-from minivllm.utils.parallel import current_tp_group, tp_rank, tp_size
 
 
 class VocabParallelEmbedding(nn.Module):
     """Each rank holds a contiguous slice of the vocabulary rows; lookups are summed across ranks."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int):
+    def __init__(self, num_embeddings: int, embedding_dim: int, tp_group: TPGroup | None = None):
         super().__init__()
-        self.tp_rank, self.tp_size, self.tp_group = tp_rank(), tp_size(), current_tp_group()
+        self.tp_group = tp_group
+        self.tp_rank, self.tp_size = rank_and_size(tp_group)
         self.num_embeddings = num_embeddings
         self.per_rank = (num_embeddings + self.tp_size - 1) // self.tp_size
         self.vocab_start = self.per_rank * self.tp_rank

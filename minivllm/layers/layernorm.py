@@ -5,23 +5,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.utils.parallel import current_tp_group
+from minivllm.distributed.group import TPGroup
 
 
 class RMSNorm(nn.Module):
     """RMSNorm; ``fused=True`` runs one Triton kernel (add + norm), the torch code is the reference.
 
-    ``reduce_input=True`` (tensor parallel): an ``x`` given with a residual is a row-parallel layer's
-    partial output, summed over the ranks here first (with the add and norm in one kernel where the
+    ``reduce_group`` (tensor parallel): an ``x`` given with a residual is a row-parallel layer's partial
+    output, summed over this group's ranks here first (with the add and norm in one kernel where the
     custom all-reduce takes it).
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, fused: bool = False, reduce_input: bool = False):
+    def __init__(self, hidden_size: int, eps: float = 1e-6, fused: bool = False,
+                 reduce_group: TPGroup | None = None):
         super().__init__()
         self.eps = eps
         self.fused = fused
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
-        self.tp_group = current_tp_group() if reduce_input else None
+        self.tp_group = reduce_group
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -35,7 +36,7 @@ class RMSNorm(nn.Module):
         NOTE: the fused path writes in place into ``x`` and ``residual`` (both are activations
         this layer owns); without a residual it writes a new tensor, since ``x`` becomes the residual.
         """
-        if self.tp_group is not None and residual is not None and not self.tp_group.overlaps_row_sum(x.shape[0]):
+        if self.tp_group is not None and residual is not None:
             if not self.fused:
                 self.tp_group.all_reduce(x)
             elif (done := self.tp_group.all_reduce_add_rms_norm(x, residual, self.weight, self.eps)) is not None:

@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.layers.overlapped_linear import overlapped_row_parallel_linear
-from minivllm.utils.parallel import current_tp_group, divide, tp_rank, tp_size
+from minivllm.distributed.group import TPGroup, divide, rank_and_size
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -30,10 +29,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 
 class LinearBase(nn.Module):
-    def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
+    """A linear layer whose weight may be this rank's slice along ``tp_dim`` (None: replicated)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None,
+                 tp_group: TPGroup | None = None):
         super().__init__()
-        self.tp_rank, self.tp_size, self.tp_dim = tp_rank(), tp_size(), tp_dim
-        self.tp_group = current_tp_group()  # NOTE: the group current at construction, kept for forward
+        self.tp_group, self.tp_dim = tp_group, tp_dim
+        self.tp_rank, self.tp_size = rank_and_size(tp_group)
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -53,6 +55,8 @@ class LinearBase(nn.Module):
 
 
 class ReplicatedLinear(LinearBase):
+    """The whole weight on every rank."""
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False):
         super().__init__(input_size, output_size, bias, tp_dim=None)
 
@@ -60,16 +64,17 @@ class ReplicatedLinear(LinearBase):
 class ColumnParallelLinear(LinearBase):
     """Output features split across ranks; no communication."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
-        super().__init__(input_size, divide(output_size, tp_size()), bias, tp_dim=0)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_group: TPGroup | None = None):
+        super().__init__(input_size, divide(output_size, rank_and_size(tp_group)[1]), bias, 0, tp_group)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel outputs in one matmul (gate and up); each shard split per rank."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
+                 tp_group: TPGroup | None = None):
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias)
+        super().__init__(input_size, sum(output_sizes), bias, tp_group)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
         offset = divide(sum(self.output_sizes[:shard_id]), self.tp_size)
@@ -85,8 +90,9 @@ class QKVParallelLinear(ColumnParallelLinear):
     as ranks; otherwise each KV head is replicated on ``tp_size / num_kv_heads`` ranks.
     """
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
-        size = tp_size()
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False,
+                 tp_group: TPGroup | None = None):
+        size = rank_and_size(tp_group)[1]
         self.head_dim = head_dim
         self.num_heads = divide(num_heads, size)
         if num_kv_heads >= size:
@@ -96,7 +102,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.num_kv_heads = 1
         self.num_kv_replicas = max(1, size // num_kv_heads)
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
-        LinearBase.__init__(self, hidden_size, out, bias, tp_dim=0)
+        LinearBase.__init__(self, hidden_size, out, bias, 0, tp_group)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -110,11 +116,11 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial outputs summed with an all-reduce (``reduce_results=False``:
-    left to the consumer, an RMSNorm with ``reduce_input``). Inputs of at least ``MINIVLLM_TP_OVERLAP_MIN_ROWS``
-    rows are always summed here, the sums overlapping the matmul (``overlapped_linear.py``)."""
+    left to the consumer, an RMSNorm with a ``reduce_group``)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True):
-        super().__init__(divide(input_size, tp_size()), output_size, bias, tp_dim=1)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True,
+                 tp_group: TPGroup | None = None):
+        super().__init__(divide(input_size, rank_and_size(tp_group)[1]), output_size, bias, 1, tp_group)
         self.reduce_results = reduce_results
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -124,9 +130,6 @@ class RowParallelLinear(LinearBase):
         super().weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp_size > 1 and x.dim() == 2 and self.tp_group.overlaps_row_sum(x.shape[0]):
-            # NOTE: summed here whatever reduce_results says (the norm after it checks the same predicate)
-            return overlapped_row_parallel_linear(x, self.weight, self.bias, self.tp_group)
         y = linear(x, self.weight, self.bias)
         if self.tp_size > 1 and self.reduce_results:
             self.tp_group.all_reduce(y)

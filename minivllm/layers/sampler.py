@@ -33,9 +33,8 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
    generator, seeded from ``(seed, len(output_b))``, so the token depends only on the request
    (never on the batch it is in or on preemption / recompute); the other rows share one batch
    generator (``metadata.generator``, default: torch's global RNG of that device).
-   **Fused path** (the default on CUDA since it was timed on an H100, 2026-11-22: 0.42 vs 0.92 ms
-   for 256 temperature rows; ``MINIVLLM_FUSED_SAMPLER=0`` or ``Sampler(fused=False)`` turns it
-   off, ``MINIVLLM_FUSED_SAMPLER=1`` forces it on any device) for batches without top-k / top-p /
+   **Fused path** (``Sampler(fused=True)``: where Triton kernels run, see ``DeviceConfig``; 0.42 vs
+   0.92 ms for 256 temperature rows on an H100) for batches without top-k / top-p /
    min-p: steps 5 and 9 become one Triton pass, ``token = argmax(l / T + G)`` with Gumbel noise
    ``G = -log(-log U)`` from Philox keyed by the row's seed (the same distribution, other draws;
    seeded rows use the key ``(seed, len(output_b))``, others a key from the batch generator).
@@ -48,10 +47,6 @@ Logprobs are ``log_softmax`` of the RAW logits (before 1-8) at the sampled token
 
 from __future__ import annotations
 
-import math
-import os
-from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,9 +58,7 @@ from minivllm.layers.logits_processors import (
     apply_penalties,
     apply_top_k_top_p,
 )
-from minivllm.layers.sampling_metadata import SAMPLING_EPS, SamplingMetadata, _to_device
-from minivllm.sampling_params import SamplingParams
-from minivllm.utils.env import env_switch
+from minivllm.layers.sampling_metadata import SamplingMetadata, _to_device
 
 
 @dataclass
@@ -103,34 +96,18 @@ def _gumbel_seeds(md: SamplingMetadata, device: torch.device) -> torch.Tensor:
     return gumbel_keys(md.batch_size, md.seeded_keys, device, md.generator)
 
 
-def fused_sampler_enabled(device: torch.device) -> bool:
-    """``MINIVLLM_FUSED_SAMPLER``: '1' on (the CPU runs Triton only with ``TRITON_INTERPRET=1``), '0' off;
-    unset: on CUDA only."""
-    if os.environ.get("MINIVLLM_FUSED_SAMPLER") is None:
-        return device.type == "cuda"
-    fused = env_switch("MINIVLLM_FUSED_SAMPLER", False)
-    if fused and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("MINIVLLM_FUSED_SAMPLER=1 on the CPU needs TRITON_INTERPRET=1 (its kernel is Triton's)")
-    return fused
-
-
 class Sampler(nn.Module):
     """``forward(logits [B, V], metadata) -> SamplerOutput``; no host synchronization inside.
 
-    ``fused`` (default: ``fused_sampler_enabled``: CUDA logits) samples rows that need no
-    top-k / top-p / min-p filter with one
-    Triton Gumbel-max pass (``minivllm.kernels.gumbel_sample``) instead of softmax + exponential
-    race: the same distribution, other random draws (seeded rows stay reproducible and
-    independent of their batch, with keys from ``(seed, step)``).
+    ``fused=True`` samples rows that need no top-k / top-p / min-p filter with one Triton Gumbel-max
+    pass (``minivllm.kernels.gumbel_sample``) instead of softmax + exponential race: the same
+    distribution, other random draws (seeded rows stay reproducible and independent of their batch,
+    with keys from ``(seed, step)``). Its kernels run on CUDA, or on the CPU in Triton's interpreter.
     """
 
-    def __init__(self, fused: bool | None = None):
+    def __init__(self, fused: bool = False):
         super().__init__()
         self.fused = fused
-
-    def uses_fused(self, device: torch.device) -> bool:
-        """Whether batches without top-k / top-p / min-p take the fused Gumbel pass on ``device``."""
-        return self.fused if self.fused is not None else fused_sampler_enabled(device)
 
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != md.batch_size:
@@ -139,7 +116,7 @@ class Sampler(nn.Module):
             raise ValueError("metadata vocab_size does not match the logits width")
 
         modifies = md.min_tokens_rows is not None or not md.no_penalties
-        fused = (self.uses_fused(logits.device) and not md.all_greedy
+        fused = (self.fused and not md.all_greedy
                  and md.no_top_k and md.no_top_p and md.no_min_p)
         if (md.all_greedy or fused) and not modifies:
             x = logits  # argmax, or the fused pass that reads the logits once: no copy
@@ -173,57 +150,3 @@ class Sampler(nn.Module):
             if md.max_num_logprobs > 0:
                 out.top_logprobs, out.top_logprobs_ids = torch.topk(raw, md.max_num_logprobs, dim=-1)
         return out
-
-
-# ----------------------------------------------------------------------------------------------
-# reference (tests only): the exact distribution of one row, written independently of the above
-# ----------------------------------------------------------------------------------------------
-
-
-def filtered_probs(
-    logits_row: torch.Tensor,
-    params: SamplingParams,
-    prompt_token_ids: Sequence[int] = (),
-    output_token_ids: Sequence[int] = (),
-    eos_token_ids: Sequence[int] = (),
-) -> torch.Tensor:
-    """Float64 probabilities the sampler draws row ``logits_row`` from (one-hot for greedy).
-
-    A straightforward per-row reference of the module docstring (sorted lists, float64), used by
-    the statistical tests; not for the hot path.
-    """
-    x = logits_row.detach().to("cpu", torch.float64).clone()
-    V = x.numel()
-    if len(output_token_ids) < params.min_tokens:
-        banned = set(params.stop_token_ids or ())
-        if not params.ignore_eos:
-            banned.update(eos_token_ids)
-        for t in banned:
-            if 0 <= t < V:
-                x[t] = -math.inf
-    r = params.repetition_penalty
-    if r != 1.0:
-        for t in set(prompt_token_ids) | set(output_token_ids):
-            x[t] = x[t] / r if x[t] > 0 else x[t] * r
-    for t, c in Counter(output_token_ids).items():
-        x[t] -= params.frequency_penalty * c + params.presence_penalty
-    if params.temperature < SAMPLING_EPS:
-        probs = torch.zeros(V, dtype=torch.float64)
-        probs[int(torch.argmax(x))] = 1.0
-        return probs
-    x /= params.temperature
-    order = sorted(range(V), key=lambda t: -float(x[t]))
-    if 0 < params.top_k < V:
-        kth = float(x[order[params.top_k - 1]])
-        x[x < kth] = -math.inf
-    if params.top_p < 1.0:
-        q = torch.softmax(x, dim=0)
-        mass_before = 0.0
-        for t in order:
-            if mass_before >= params.top_p:
-                x[t] = -math.inf
-            mass_before += float(q[t])
-    if params.min_p > 0.0:
-        q = torch.softmax(x, dim=0)
-        x[q < params.min_p * q.max()] = -math.inf
-    return torch.softmax(x, dim=0)

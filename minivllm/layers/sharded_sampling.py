@@ -1,6 +1,6 @@
-"""Tensor parallelism: sample each rank's vocabulary slice where it lies (``MINIVLLM_TP_SHARDED_SAMPLING=1``).
+"""Tensor parallelism: sample each rank's vocabulary slice where it lies.
 
-The gather path (the default) moves every rank's ``[rows, V / N]`` logits to rank 0, which
+The gather path moves every rank's ``[rows, V / N]`` logits to rank 0, which
 concatenates them and samples the whole vocabulary alone. For a step whose every sampled row the
 fused Gumbel pass samples with nothing else to do (``sharded_temperatures``), the ranks instead:
 
@@ -16,11 +16,13 @@ temperature per token id, and ties to the lowest id at every level.
 
 NOTE: every rank runs the same collectives in the same order, from the same host inputs:
 [forward] -> key broadcast (unless every temperature is 0) -> gather of the pairs.
+
+Used at TP > 1 wherever the sampler's Triton kernels run (``DeviceConfig.triton_sampling``): 14,527 ->
+14,813 tok/s for Qwen3-8B at TP=2 on 2 x H200 against gathering every step's logits.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,17 +31,6 @@ import torch
 from minivllm.layers.sampler import gumbel_keys
 from minivllm.layers.sampling_metadata import SAMPLING_EPS, _to_device
 from minivllm.sampling_params import SamplingParams
-from minivllm.utils.env import env_switch
-
-
-def sharded_sampling_enabled(device: torch.device) -> bool:
-    """Tensor-parallel steps that qualify sample each vocabulary slice where it lies (``MINIVLLM_TP_SHARDED_SAMPLING=0``
-    turns it off). 2 x H200, Qwen3-8B TP=2 (2026-11-23): 14,527 -> 14,813 tok/s on the 256-request workload.
-
-    NOTE: its kernels are Triton's, so on the CPU only under ``TRITON_INTERPRET=1`` (else every step gathers the
-    logits to rank 0 and samples there)."""
-    runs_triton = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-    return env_switch("MINIVLLM_TP_SHARDED_SAMPLING", True) and runs_triton
 
 
 def sharded_temperatures(params: Sequence[SamplingParams], num_generated: Sequence[int], vocab_size: int,

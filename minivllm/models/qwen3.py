@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.config import ModelConfig
+from minivllm.config.model import ArchConfig
+from minivllm.distributed.group import TPGroup
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.attention_metadata import AttentionMetadata
@@ -16,21 +17,24 @@ from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minivllm.layers.rotary import RotaryEmbedding
-from minivllm.utils.parallel import tp_size
-from minivllm.utils.tp_switches import fused_all_reduce_norm_enabled
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str,
-                 reduce_in_norm: bool = False):
+    """q/k/v projection, (Qwen3) per-head q/k RMSNorm, RoPE, paged attention, output projection.
+
+    With a ``tp_group`` the output projection returns this rank's partial sum: the next norm sums it.
+    """
+
+    def __init__(self, cfg: ArchConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str,
+                 tp_group: TPGroup | None = None):
         super().__init__()
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
-                                          cfg.num_key_value_heads, bias=qkv_bias)
+                                          cfg.num_key_value_heads, bias=qkv_bias, tp_group=tp_group)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
-                                        reduce_results=not reduce_in_norm)
+                                        reduce_results=False, tp_group=tp_group)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads, backend)
         self.qk_norm = qk_norm
@@ -64,10 +68,14 @@ class DecoderAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: bool = False, reduce_in_norm: bool = False):
+    """Gated SiLU MLP; with a ``tp_group`` it returns this rank's partial sum (the next norm sums it)."""
+
+    def __init__(self, cfg: ArchConfig, fused: bool = False, tp_group: TPGroup | None = None):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, reduce_results=not reduce_in_norm)
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2,
+                                                       tp_group=tp_group)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, reduce_results=False,
+                                           tp_group=tp_group)
         self.act_fn = SiluAndMul(fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,18 +83,18 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """NOTE: with ``reduce_in_norm`` (tensor parallel, ``MINIVLLM_FUSED_AR_NORM=1``) o_proj and down_proj
-    return partial sums and the norm that reads each (this layer's post-attention norm, the next
-    layer's input norm or the final norm, all given a residual) sums them."""
+    """NOTE: with a ``tp_group``, o_proj and down_proj return partial sums and the norm that reads each
+    (this layer's post-attention norm, the next layer's input norm or the final norm, all given a
+    residual) sums them, in one kernel with the add and the norm for decode-sized batches."""
 
-    def __init__(self, cfg: ModelConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str,
-                 reduce_in_norm: bool = False):
+    def __init__(self, cfg: ArchConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str,
+                 tp_group: TPGroup | None = None):
         super().__init__()
         fused = backend == "triton"
-        self.self_attn = DecoderAttention(cfg, max_position, qk_norm, qkv_bias, backend, reduce_in_norm)
-        self.mlp = MLP(cfg, fused, reduce_in_norm)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused, reduce_in_norm)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused, reduce_in_norm)
+        self.self_attn = DecoderAttention(cfg, max_position, qk_norm, qkv_bias, backend, tp_group)
+        self.mlp = MLP(cfg, fused, tp_group)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused, tp_group)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused, tp_group)
 
     def forward(self, positions, x, residual, meta):
         if residual is None:
@@ -99,13 +107,15 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str):
+    """Embedding, the decoder layers, the final norm: hidden states of every token."""
+
+    def __init__(self, cfg: ArchConfig, max_position: int, qk_norm: bool, qkv_bias: bool, backend: str,
+                 tp_group: TPGroup | None = None):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        reduce_in_norm = tp_size() > 1 and fused_all_reduce_norm_enabled()
-        self.layers = nn.ModuleList([DecoderLayer(cfg, max_position, qk_norm, qkv_bias, backend, reduce_in_norm)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_group)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, max_position, qk_norm, qkv_bias, backend, tp_group)
                                      for _ in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend == "triton", reduce_in_norm)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend == "triton", tp_group)
 
     def forward(self, input_ids, positions, meta):
         x, residual = self.embed_tokens(input_ids), None  # [n, hidden]
@@ -125,11 +135,13 @@ class Qwen3ForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, cfg: ModelConfig, max_position: int | None = None, backend: str = "torch"):
+    def __init__(self, cfg: ArchConfig, max_position: int | None = None, backend: str = "torch",
+                 tp_group: TPGroup | None = None):
         super().__init__()
         max_position = max_position or cfg.max_position_embeddings
-        self.model = DecoderModel(cfg, max_position, self.qk_norm, self.qkv_bias or cfg.attention_bias, backend)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        self.model = DecoderModel(cfg, max_position, self.qk_norm, self.qkv_bias or cfg.attention_bias, backend,
+                                  tp_group)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp_group)
         self.tie_word_embeddings = cfg.tie_word_embeddings
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -79,16 +79,16 @@ def test_demo_model_bf16_cuda_graphs_matches_transformers():
     assert matches >= 8
 
 
-def test_cublaslt_decode_graphs(tiny_model, monkeypatch):
-    """``MINIVLLM_CUBLASLT_MAX_ROWS``: graphs of 17..max rows capture cuBLASLt GEMMs (the backend is switched
-    only inside the scope), and greedy tokens equal eager ones (float32)."""
-    from minivllm.engine.cuda_graphs import blas_for_rows
+def test_cublaslt_decode_graphs(tiny_model):
+    """Decode graphs of 17..128 rows (``CUBLASLT_ROWS``; here 32 and 48) capture cuBLASLt GEMMs (the backend is
+    switched only inside the scope), and greedy tokens equal eager ones (float32)."""
+    from minivllm.worker.cuda_graphs import CUBLASLT_ROWS, blas_for_rows, graph_batch_sizes
 
-    monkeypatch.setenv("MINIVLLM_CUBLASLT_MAX_ROWS", "64")
     before = torch.backends.cuda.preferred_blas_library()
     with blas_for_rows(32):
         assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
     assert torch.backends.cuda.preferred_blas_library() == before
+    assert [s for s in graph_batch_sizes(48) if s in CUBLASLT_ROWS] == [32, 48]
     kw = dict(device="cuda", dtype="float32", max_num_seqs=48, gpu_memory_utilization=0.3)
     with LLM(tiny_model, enforce_eager=True, **kw) as eager:
         expected = ids(eager.generate(PROMPTS, GREEDY, use_tqdm=False))
@@ -97,6 +97,10 @@ def test_cublaslt_decode_graphs(tiny_model, monkeypatch):
     assert torch.backends.cuda.preferred_blas_library() == before
 
 
+LAZY_COMPILES = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "lazy_compiles.py")
+
+
+@pytest.mark.skipif(not os.path.isfile(LAZY_COMPILES), reason="benchmarks/lazy_compiles.py is not in the repo")
 def test_no_triton_compiles_after_start_up(tiny_model, tmp_path):
     """``benchmarks/lazy_compiles.py`` in a fresh process and Triton cache: start-up compiles every kernel that
     greedy, temperature, top-k/top-p, logprobs, prefix-hit and chunked-prefill requests use (bf16)."""
@@ -104,10 +108,9 @@ def test_no_triton_compiles_after_start_up(tiny_model, tmp_path):
     import subprocess
     import sys
 
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
     out = tmp_path / "lazy.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(root, "benchmarks", "lazy_compiles.py"), "--model", tiny_model,
+        [sys.executable, LAZY_COMPILES, "--model", tiny_model,
          "--engine-arg", "max_model_len=1024", "--engine-arg", "max_num_batched_tokens=512",
          "--engine-arg", "dtype=bfloat16", "--json-out", str(out)],
         capture_output=True, text=True, timeout=600)

@@ -14,18 +14,23 @@ FP8 = torch.float8_e4m3fn
 
 
 def test_store_rounds_like_torch_bf16():
+    """The K/V store of the q/k norm + RoPE kernel (position 0, where RoPE leaves k as it is; no norm) writes an
+    e4m3 cache bit for bit as ``store_kvcache_ref`` (torch's rounding, saturation at +-448)."""
+    from minivllm.kernels.fused_rope import qk_norm_rope
     from minivllm.kernels.reference import store_kvcache_ref
-    from minivllm.kernels.store_kvcache import store_kvcache
 
     gen = torch.Generator().manual_seed(0)
-    n, kvh, d, bs, nb = 300, 8, 128, 16, 40
+    n, hq, kvh, d, bs, nb = 300, 32, 8, 128, 16, 40
     key = (torch.randn(n, kvh, d, generator=gen) * 30).bfloat16()  # some beyond +-448
     value = torch.randn(n, kvh, d, generator=gen).bfloat16()
     slots = torch.randperm(nb * bs, generator=gen)[:n]
     kr, vr = torch.zeros(nb, bs, kvh, d, dtype=FP8), torch.zeros(nb, bs, kvh, d, dtype=FP8)
     store_kvcache_ref(key, value, kr, vr, slots)
     kd, vd = kr.new_zeros(kr.shape).cuda(), vr.new_zeros(vr.shape).cuda()
-    store_kvcache(key.cuda(), value.cuda(), kd, vd, slots.cuda())
+    query = torch.randn(n, hq, d, generator=gen).bfloat16().cuda()
+    cos_sin = torch.cat([torch.ones(1, d // 2), torch.zeros(1, d // 2)], -1).cuda()  # position 0
+    qk_norm_rope(query, key.cuda(), torch.zeros(n, dtype=torch.int64, device="cuda"), cos_sin,
+                 kv_store=(value.cuda(), kd, vd, slots.cuda()))
     assert torch.equal(kd.cpu().view(torch.uint8), kr.view(torch.uint8))
     assert torch.equal(vd.cpu().view(torch.uint8), vr.view(torch.uint8))
 
@@ -65,7 +70,7 @@ def test_fp8_engine_on_gpu_matches_cpu_engine(tiny_model):
     kw = dict(dtype="float32", kv_cache_dtype="fp8")
     cpu = ids(LLM(tiny_model, device="cpu", **kw).generate(PROMPTS[:12], GREEDY, use_tqdm=False))
     llm = LLM(tiny_model, device="cuda", gpu_memory_utilization=0.3, **kw)
-    assert llm.executor.runner.graph_runner is not None and llm.config.async_scheduling
+    assert llm.executor.runner.graph_runner is not None and llm.config.scheduler_config.async_scheduling
     gpu = ids(llm.generate(PROMPTS[:12], GREEDY, use_tqdm=False))
     assert [g[:8] for g in gpu] == [c[:8] for c in cpu]
     assert sum(g == c for g, c in zip(gpu, cpu)) >= 10

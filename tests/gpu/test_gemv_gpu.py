@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 2, 7, 16, 48, 130])
 @pytest.mark.parametrize("n,k", [(3072, 4096), (4096, 2048), (12288, 4096), (4096, 6144), (1000, 1000)])
-@pytest.mark.parametrize("config", [None, (64, 128, 4, 4, "s"), (32, 128, 4, 4, "t"), (16, 256, 4, 4, "f")])
+@pytest.mark.parametrize("config", [None, (64, 128, 4, 4, ""), (16, 256, 4, 4, "f")])
 def test_gemv_as_accurate_as_cublas(dtype, m, n, k, config):
     g = torch.Generator(device="cuda").manual_seed(n + k + m)
     x = torch.randn(m, k, device="cuda", generator=g).to(dtype)

@@ -1,4 +1,5 @@
-"""Triton paged-attention / KV-store kernels vs the torch reference on a real GPU (bf16, fp16).
+"""Triton paged-attention kernels and the K/V store (inside the q/k norm + RoPE kernel) vs the torch reference
+on a real GPU (bf16, fp16).
 
 Realistic shapes: head_dim 64/128, block sizes 16..256, GQA 1/2/8, ragged batches of decode
 rows and prefill chunks with contexts up to ~4k; plus CUDA-graph capture and replay of the
@@ -19,10 +20,11 @@ pytestmark = [
 ]
 
 if torch.cuda.is_available():
+    from minivllm.kernels.fused_rope import qk_norm_rope
     from minivllm.kernels.paged_attention import paged_attention
     from minivllm.kernels.paged_decode import paged_decode, paged_decode_split_kv
     from minivllm.kernels.reference import paged_attention_ref, store_kvcache_ref
-    from minivllm.kernels.store_kvcache import store_kvcache
+    from minivllm.layers.rotary import RotaryEmbedding
 
 DEV = "cuda"
 MAX_REL_ERR = 1e-2
@@ -138,18 +140,31 @@ def test_decode_gpu(num_splits, head_dim, block_size, group, dtype=torch.bfloat1
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_store_kvcache_gpu(dtype):
+def test_kv_store_equals_store_kvcache_ref_gpu(dtype):
+    """The q/k norm + RoPE kernel's K/V store (k and v strided views of the qkv buffer, int32 slots, -1 skipped)
+    writes the cache bit for bit as ``store_kvcache_ref`` of the rotated k does, and leaves q / k as without it."""
     num_tokens, nh, nkv, d, bs, num_blocks = 300, 16, 8, 128, 16, 64
     qkv = torch.randn(num_tokens, (nh + 2 * nkv) * d, device=DEV, dtype=dtype)
-    _, k, v = qkv.split([nh * d, nkv * d, nkv * d], -1)
-    k, v = k.view(num_tokens, nkv, d), v.view(num_tokens, nkv, d)
     slots = torch.randperm(num_blocks * bs, device=DEV)[:num_tokens]
     slots[::7] = -1
+    positions = torch.randint(0, 40960, (num_tokens,), device=DEV)
+    rope = RotaryEmbedding(d, 40960, 1e6).to(DEV)
+    qw, kw = (1.0 + 0.2 * torch.randn(2, d, device=DEV)).to(dtype)
     kc = torch.randn(num_blocks, bs, nkv, d, device=DEV, dtype=dtype)
     vc = torch.randn_like(kc)
-    kr, vr = kc.clone(), vc.clone()
-    store_kvcache_ref(k, v, kr, vr, slots)
-    store_kvcache(k, v, kc, vc, slots.to(torch.int32))
+
+    def views(buf):
+        q, k, v = buf.split([nh * d, nkv * d, nkv * d], -1)
+        return q.view(num_tokens, nh, d), k.view(num_tokens, nkv, d), v.view(num_tokens, nkv, d)
+
+    ref_buf, kr, vr = qkv.clone(), kc.clone(), vc.clone()
+    rq, rk, rv = views(ref_buf)
+    qk_norm_rope(rq, rk, positions, rope.cos_sin_cache, qw, kw, 1e-6, inplace=True)
+    store_kvcache_ref(rk, rv, kr, vr, slots)
+    q, k, v = views(qkv)
+    qk_norm_rope(q, k, positions, rope.cos_sin_cache, qw, kw, 1e-6, inplace=True,
+                 kv_store=(v, kc, vc, slots.to(torch.int32)))
+    assert torch.equal(qkv, ref_buf)
     assert torch.equal(kc, kr) and torch.equal(vc, vr)
 
 

@@ -1,21 +1,28 @@
-"""Programmatic dependent launch (``MINIVLLM_PDL=1``) changes when kernels start, never what they compute.
+"""Programmatic dependent launch (PDL) changes when kernels start, never what they compute.
 
-A decoder layer's decode kernels (``benchmarks/decode_layer.py``: norms, GEMVs, q/k norm + RoPE, KV
-store, split-KV attention, SiLU-and-mul) give bit-identical results with PDL on and off, eagerly
+On sm_90+ the kernels launch with PDL when their leading dim is at most ``PDL_MAX_ROWS`` (16); the tests
+compare those launches with the same kernels, on the same tensors, launched without PDL: ``_plain_launches``
+makes ``pdl_options`` (through which every kernel decides) return ``USE_PDL=False``.
+
+A decoder layer's decode kernels (``benchmarks/decode_layer.py``: norms, GEMVs, q/k norm + RoPE + KV
+store, split-KV attention, SiLU-and-mul) give bit-identical results with PDL and without, eagerly
 and replayed in a CUDA graph with new inputs; a kernel that read its input before the previous
-kernel had finished would show as a mismatch. The engine gives the same greedy tokens both ways.
+kernel had finished would show as a mismatch. The engine (TP=1, in this process) gives the same greedy
+tokens both ways.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.kernels.pdl import use_pdl
+from minivllm.kernels import pdl
+from minivllm.kernels.pdl import PDL_MAX_ROWS, use_pdl
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
@@ -27,6 +34,14 @@ decode_layer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(decode_layer)
 
 
+@contextmanager
+def _plain_launches():
+    """Within the block, every kernel of this process launches without PDL (``pdl_options`` asks ``use_pdl``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pdl, "use_pdl", lambda t: False)
+        yield
+
+
 def _run(layer, x, res, k0, v0):
     """The layer from a fresh copy of the initial KV cache; returns (out, residual, k_cache, v_cache)."""
     layer.k_cache.copy_(k0)
@@ -36,17 +51,17 @@ def _run(layer, x, res, k0, v0):
 
 
 @pytest.mark.parametrize("rows", [1, 5, 16])
-def test_decode_layer_pdl_equals_plain(rows, monkeypatch):
+def test_decode_layer_pdl_equals_plain(rows):
     layer = decode_layer.DecodeLayer(rows, context=1500, seed=rows)
     k0, v0 = layer.k_cache.clone(), layer.v_cache.clone()
     inputs = [(torch.randn_like(layer.x), torch.randn_like(layer.residual)) for _ in range(3)]
-    monkeypatch.setenv("MINIVLLM_PDL", "0")
-    assert not use_pdl(layer.x)
-    expected = [_run(layer, x, r, k0, v0) for x, r in inputs]
+    with _plain_launches():
+        assert pdl.pdl_options(layer.x) == {"USE_PDL": False}
+        expected = [_run(layer, x, r, k0, v0) for x, r in inputs]
 
-    monkeypatch.setenv("MINIVLLM_PDL", "1")
-    assert use_pdl(layer.x)
-    for (x, r), want in zip(inputs, expected):  # eager, PDL on
+    assert rows <= PDL_MAX_ROWS and use_pdl(layer.x)
+    assert pdl.pdl_options(layer.x) == {"USE_PDL": True, "launch_pdl": True}
+    for (x, r), want in zip(inputs, expected):  # eager, with PDL
         for got, ref in zip(_run(layer, x, r, k0, v0), want):
             assert torch.equal(got, ref)
 
@@ -69,16 +84,21 @@ def test_decode_layer_pdl_equals_plain(rows, monkeypatch):
             assert torch.equal(got, ref)
 
 
-def test_engine_pdl_equals_plain_bf16(tiny_model, monkeypatch):
-    """Greedy tokens with PDL on equal those with it off (bf16, CUDA graphs and eager prefill)."""
+def test_pdl_only_up_to_16_rows():
+    """The launch mode follows the leading dim: 16 rows with PDL, 17 without."""
+    assert use_pdl(torch.zeros(PDL_MAX_ROWS, 8, device="cuda"))
+    assert not use_pdl(torch.zeros(PDL_MAX_ROWS + 1, 8, device="cuda"))
+
+
+def test_engine_pdl_equals_plain_bf16(tiny_model):
+    """Greedy tokens with PDL (decode steps of up to 16 rows) equal those without it in any kernel (bf16, CUDA
+    graphs and eager prefill; 24 prompts, so the first decode steps have 24 rows and no PDL either way)."""
     prompts = [f"def function_{i}(x):\n    return " + "x + " * i for i in range(24)]
-    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    greedy = [SamplingParams(temperature=0, max_tokens=8 + i, ignore_eos=True) for i in range(24)]
     kw = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3)
-    monkeypatch.setenv("MINIVLLM_PDL", "0")
-    with LLM(tiny_model, **kw) as plain:
+    with _plain_launches(), LLM(tiny_model, **kw) as plain:
         expected = [o["token_ids"] for o in plain.generate(prompts, greedy, use_tqdm=False)]
-    monkeypatch.setenv("MINIVLLM_PDL", "1")
-    with LLM(tiny_model, **kw) as pdl:
-        assert pdl.executor.runner.graph_runner is not None
-        got = [o["token_ids"] for o in pdl.generate(prompts, greedy, use_tqdm=False)]
+    with LLM(tiny_model, **kw) as with_pdl:
+        assert with_pdl.executor.runner.graph_runner is not None
+        got = [o["token_ids"] for o in with_pdl.generate(prompts, greedy, use_tqdm=False)]
     assert got == expected

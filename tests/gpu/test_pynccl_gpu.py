@@ -1,11 +1,15 @@
 """The ctypes NCCL communicator on 2 GPUs: eager collectives, and the same inside a replayed CUDA graph."""
 
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 
-from minivllm.utils.rank_procs import run_ranks
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from rank_procs import run_ranks  # noqa: E402  (benchmarks/rank_procs.py)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
@@ -14,7 +18,7 @@ pytestmark = [pytest.mark.gpu,
 def _worker(rank: int, world: int, port: int) -> dict:
     import torch.distributed as dist
 
-    from minivllm.utils.pynccl import NcclCommunicator
+    from minivllm.distributed.pynccl import NcclCommunicator
 
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)

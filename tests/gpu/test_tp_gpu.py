@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.utils.tp_switches import custom_all_reduce_enabled, tp_cuda_graphs_enabled
+from minivllm.kernels.pdl import PDL_MAX_ROWS
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
@@ -18,49 +18,46 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 PROMPTS = [f"def function_{i}(x):\n    return " + "x + " * i for i in range(12)]
 
 
-@pytest.mark.parametrize("graphs", [False, pytest.param(True, marks=pytest.mark.skipif(
-    not tp_cuda_graphs_enabled(),
-    reason="TP + CUDA graphs turned off (MINIVLLM_TP_COMM=c10d or MINIVLLM_TP_CUDA_GRAPHS=0)"))])
+@pytest.mark.parametrize("graphs", [False, True])
 def test_tp2_equals_tp1_float32(tiny_model, graphs):
     kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3, enforce_eager=not graphs)
     with LLM(tiny_model, **kw) as one:
         expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
     with LLM(tiny_model, tensor_parallel_size=2, **kw) as two:
         assert (two.executor.runner.graph_runner is not None) == graphs
-        assert (two.executor.runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
+        assert two.executor.runner.tp_group.custom_ar is not None  # on by default
         got = [o["token_ids"] for o in two.generate(PROMPTS, GREEDY, use_tqdm=False)]
     assert got == expected
 
 
-def _check_tp_equals_tp1(model: str, tp: int, check, monkeypatch, env: dict[str, str] | None = None,
-                         params=GREEDY) -> None:
-    """TP=``tp`` (CUDA graphs, ``env`` set) gives TP=1's tokens for ``params`` (default greedy) in float32;
-    ``check(runner)`` first."""
+def _check_tp_equals_tp1(model: str, tp: int, check, params=GREEDY, prompts=PROMPTS, **engine_args) -> None:
+    """TP=``tp`` (CUDA graphs, ``engine_args`` given) gives TP=1's tokens for ``params`` (default greedy) in
+    float32; ``check(runner)`` first."""
     kw = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
     with LLM(model, **kw) as one:
-        expected = [o["token_ids"] for o in one.generate(PROMPTS, params, use_tqdm=False)]
-    for k, v in (env or {}).items():
-        monkeypatch.setenv(k, v)
-    with LLM(model, tensor_parallel_size=tp, **kw) as many:
+        expected = [o["token_ids"] for o in one.generate(prompts, params, use_tqdm=False)]
+    with LLM(model, tensor_parallel_size=tp, **kw, **engine_args) as many:
         check(many.executor.runner)
-        got = [o["token_ids"] for o in many.generate(PROMPTS, params, use_tqdm=False)]
+        got = [o["token_ids"] for o in many.generate(prompts, params, use_tqdm=False)]
     diffs = [(i, next((j for j, (a, b) in enumerate(zip(g, e)) if a != b), min(len(g), len(e))), g, e)
              for i, (g, e) in enumerate(zip(got, expected)) if g != e]
     # NOTE: which prompts and from which token on (an intermittent mismatch was seen once with PDL + fused norm)
     assert not diffs, (f"TP={tp} != TP=1 for {len(diffs)} prompts (prompt, first differing token, TP={tp}, TP=1): "
-                       f"{diffs}; {_diagnose(model, tp, kw, params, expected, got, diffs)}")
+                       f"{diffs}; {_diagnose(model, tp, dict(kw, **engine_args), params, prompts, expected, got, diffs)}")
 
 
-def _diagnose(model: str, tp: int, kw: dict, params: SamplingParams, expected: list, got: list, diffs: list) -> str:
+def _diagnose(model: str, tp: int, kw: dict, params, prompts: list, expected: list, got: list, diffs: list) -> str:
     """After a mismatch: does each side repeat its own tokens (a race or nondeterminism if not), and how far
     apart were TP=1's two best tokens where the outputs part (a near-tie if ~1e-6)?"""
-    if params.temperature != 0:
+    rows = params if isinstance(params, list) else [params] * len(prompts)
+    if any(p.temperature != 0 for p in rows):
         return "no diagnosis (sampled, not greedy)"
-    with_lp = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos, logprobs=2)
+    with_lp = [SamplingParams(temperature=0, max_tokens=p.max_tokens, ignore_eos=p.ignore_eos, logprobs=2)
+               for p in rows]
     with LLM(model, **kw) as one:
-        again = one.generate(PROMPTS, with_lp, use_tqdm=False)
+        again = one.generate(prompts, with_lp, use_tqdm=False)
     with LLM(model, tensor_parallel_size=tp, **kw) as many:
-        got_again = [o["token_ids"] for o in many.generate(PROMPTS, params, use_tqdm=False)]
+        got_again = [o["token_ids"] for o in many.generate(prompts, params, use_tqdm=False)]
     margins = {}
     for i, j, _, _ in diffs:
         lps = again[i].get("logprobs") or []
@@ -74,83 +71,58 @@ def _diagnose(model: str, tp: int, kw: dict, params: SamplingParams, expected: l
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 CUDA GPUs")
-def test_tp4_equals_tp1_float32(tiny_model, monkeypatch):
+def test_tp4_equals_tp1_float32(tiny_model):
     """4 ranks, CUDA graphs and the custom all-reduce on each; the tiny models have fewer KV heads than 4
     (replicated) and 4 query heads (one a rank)."""
     def check(runner):
-        assert (runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
-    _check_tp_equals_tp1(tiny_model, 4, check, monkeypatch)
+        assert runner.tp_group.custom_ar is not None
+    _check_tp_equals_tp1(tiny_model, 4, check)
 
 
-def test_tp2_fused_all_reduce_norm_equals_tp1(tiny_model, monkeypatch):
-    """``MINIVLLM_FUSED_AR_NORM=1``: row-parallel sums inside the next RMSNorm (one kernel), CUDA graphs."""
+def test_tp2_fused_all_reduce_norm_equals_tp1(tiny_model):
+    """Row-parallel sums inside the next RMSNorm (always at TP > 1; one kernel with the custom all-reduce for
+    up to 16 rows), CUDA graphs."""
     def check(runner):
-        assert not runner.model.model.layers[0].mlp.down_proj.reduce_results
-        assert (runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
-    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_FUSED_AR_NORM": "1", "MINIVLLM_PDL": "0"})
+        layer = runner.model.model.layers[0]
+        assert not layer.mlp.down_proj.reduce_results and not layer.self_attn.o_proj.reduce_results
+        assert layer.post_attention_layernorm.tp_group is runner.tp_group
+        assert runner.tp_group.custom_ar is not None
+    _check_tp_equals_tp1(tiny_model, 2, check)
 
 
-@pytest.mark.parametrize("pdl,fused_norm", [("0", "0"), ("1", "1")])
-def test_tp2_pdl_and_fused_norm_equal_tp1(tiny_model, pdl, fused_norm, monkeypatch):
-    """``MINIVLLM_PDL`` (on every rank, the custom all-reduce kernels included; a no-op before sm_90) and
-    ``MINIVLLM_FUSED_AR_NORM`` both off (the path before 2026-11-23) and both on (the defaults), CUDA graphs;
-    ``test_tp2_fused_all_reduce_norm_equals_tp1`` runs the fused norm alone."""
-    def check(runner):
-        assert (runner.tp_group.custom_ar is not None) == custom_all_reduce_enabled()
-        assert runner.model.model.layers[0].mlp.down_proj.reduce_results == (fused_norm == "0")
-    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_PDL": pdl, "MINIVLLM_FUSED_AR_NORM": fused_norm})
-
-
-def test_tp2_nccl_only_equals_tp1(tiny_model, monkeypatch):
-    """The custom all-reduce off (``MINIVLLM_CUSTOM_AR=0``): NCCL does every sum, with CUDA graphs."""
-    def check(runner):
-        assert runner.tp_group.custom_ar is None
-    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_CUSTOM_AR": "0"})
-
-
-@pytest.mark.parametrize("fused_norm", ["0", "1"])
-def test_tp2_overlapped_row_sums_equal_tp1(tiny_model, fused_norm, monkeypatch):
-    """``MINIVLLM_TP_OVERLAP_MIN_ROWS=16``: prefills of 16+ tokens sum o_proj / down_proj in 3 slices, NCCL on a
-    side stream overlapping the next slice's matmul; decode steps keep the CUDA graphs' kernels."""
-    runners = []
+def test_tp2_pdl_and_plain_decode_steps_equal_tp1(tiny_model):
+    """Decode steps of more than 16 rows launch without PDL (and sum outside the fused norm kernel), those of up
+    to 16 rows with it (a no-op before sm_90), on every rank: 24 prompts of 8..31 tokens, so the decode
+    batch shrinks from 24 rows to 1 through both, CUDA graphs."""
+    prompts = [f"def function_{i}(x):\n    return " + "x + " * i for i in range(24)]
+    params = [SamplingParams(temperature=0, max_tokens=8 + i, ignore_eos=True) for i in range(24)]
+    assert len(prompts) > PDL_MAX_ROWS
 
     def check(runner):
-        assert runner.tp_group.overlaps_row_sum(16) and not runner.tp_group.overlaps_row_sum(15)
-        runners.append(runner)
-    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_TP_OVERLAP_MIN_ROWS": "16",
-                                                             "MINIVLLM_TP_OVERLAP_CHUNKS": "3",
-                                                             "MINIVLLM_FUSED_AR_NORM": fused_norm})
-    assert runners[0].tp_group.num_overlapped_sums > 0 and runners[0].tp_group.side_stream() is not None
+        assert runner.graph_runner is not None and runner.tp_group.custom_ar is not None
+    _check_tp_equals_tp1(tiny_model, 2, check, params=params, prompts=prompts)
 
 
-@pytest.mark.parametrize("fused_norm", ["0", "1"])
-def test_tp2_decode_overlapped_row_sums_equal_tp1(tiny_model, fused_norm, monkeypatch):
-    """``MINIVLLM_TP_DECODE_OVERLAP_SLICES=3`` with decode batches of 4-12 rows: o_proj / down_proj sum their output
-    in 3 slices, the custom all-reduce on a side stream under the next slice's matmul, inside the captured
-    decode graphs; the norms after them do not sum again."""
-    runners = []
-
+def test_tp2_nccl_only_equals_tp1(tiny_model):
+    """The custom all-reduce off (engine argument ``disable_custom_all_reduce=True``): NCCL does every sum,
+    with CUDA graphs."""
     def check(runner):
-        assert runner.tp_group.row_sum_plan(4) == (3, True) and runner.graph_runner is not None
-        runners.append(runner)
-    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_TP_DECODE_OVERLAP_SLICES": "3",
-                                                             "MINIVLLM_TP_DECODE_OVERLAP_MIN_ROWS": "4",
-                                                             "MINIVLLM_TP_DECODE_OVERLAP_MAX_ROWS": "12",
-                                                             "MINIVLLM_FUSED_AR_NORM": fused_norm})
-    assert runners[0].tp_group.num_overlapped_sums > 0 and runners[0].tp_group.side_stream() is not None
+        assert runner.config.parallel_config.disable_custom_all_reduce
+        assert runner.tp_group.custom_ar is None and runner.graph_runner is not None
+    _check_tp_equals_tp1(tiny_model, 2, check, disable_custom_all_reduce=True)
 
 
-def test_tp2_sharded_sampling_equals_tp1(tiny_model, monkeypatch):
-    """``MINIVLLM_TP_SHARDED_SAMPLING=1``: each rank samples its vocabulary slice with the fused Gumbel pass
-    (greedy and seeded temperature rows; CUDA graphs, asynchronous scheduling), rank 0 picks the best pair."""
+def test_tp2_sharded_sampling_equals_tp1(tiny_model):
+    """Each rank samples its vocabulary slice with the fused Gumbel pass (always at TP > 1 on GPUs; greedy and
+    seeded temperature rows; CUDA graphs, asynchronous scheduling), rank 0 picks the best pair."""
     params = [GREEDY if i % 3 == 0 else SamplingParams(temperature=(0.6, 1.0, 1.3)[i % 3], seed=100 + i,
                                                         max_tokens=24, ignore_eos=True) for i in range(len(PROMPTS))]
     runners = []
 
     def check(runner):
-        assert runner.sharded_sampling and runner.sampler.uses_fused(runner.device) and runner.share_sampled
+        assert runner.sharded_sampling and runner.sampler.fused and runner.share_sampled
         runners.append(runner)
-    _check_tp_equals_tp1(tiny_model, 2, check, monkeypatch, {"MINIVLLM_TP_SHARDED_SAMPLING": "1"}, params=params)
+    _check_tp_equals_tp1(tiny_model, 2, check, params=params)
     assert runners[0].num_sharded_steps > 0
 
 
@@ -158,7 +130,7 @@ def test_killed_worker_on_gpu_raises_clear_error(tiny_tied_model):
     """NCCL: a worker killed mid-generation -> RuntimeError within 30 s (the group is aborted), no hang."""
     llm = LLM(tiny_tied_model, tensor_parallel_size=2, device="cuda", dtype="float32", gpu_memory_utilization=0.3,
               max_model_len=1024)
-    assert llm.config.async_scheduling and llm.executor.runner.share_sampled
+    assert llm.config.scheduler_config.async_scheduling and llm.executor.runner.share_sampled
     pid = llm.executor.procs[0].pid
     try:
         for p in PROMPTS[:4]:

@@ -8,32 +8,22 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 from pathlib import Path
 
+import minivllm
+from minivllm.entrypoints.args import add_engine_args as add_engine_flags
+from minivllm.entrypoints.args import engine_kwargs as flag_kwargs
 from minivllm.entrypoints.bench.models import canonical_name, resolve_model
-from minivllm.entrypoints.cli import BOOL_FLAGS as CLI_BOOL_FLAGS
-from minivllm.entrypoints.cli import ENGINE_FLAGS as CLI_ENGINE_FLAGS
-
-# (flag, Config field, type); type None = a --flag/--no-flag boolean. The same flags as `minivllm serve`,
-# except --seed, which here seeds the workload (the engine keeps its default seed).
-ENGINE_FLAGS = [(flag, field, typ) for flag, field, typ, _ in CLI_ENGINE_FLAGS if flag != "--seed"] + [
-    (flag, field, None) for flag, field, _ in CLI_BOOL_FLAGS]
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """``--model`` plus the engine's arguments; unset ones keep the engine's defaults."""
+    """``--model`` plus the engine's flags (the engine's ``--seed`` excepted: here it seeds the workload)."""
     p.add_argument("--model", default="qwen3-0.6b",
                    help="a checkpoint folder or a shipped config name (qwen3-0.6b, qwen3-8b, qwen3-32b, "
-                        "llama-3.1-8b: dummy weights)")
-    g = p.add_argument_group("engine arguments")
-    for flag, _, typ in ENGINE_FLAGS:
-        if typ is None:
-            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        else:
-            g.add_argument(flag, type=typ, default=None)
-    g.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other engine argument (Config field), e.g. long_prefill_threshold=2048")
+                        "llama-3.1-8b, tiny-qwen3: dummy weights)")
+    add_engine_flags(p, exclude=("seed",))
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="an engine argument as KEY=VALUE (a Python literal), e.g. long_prefill_threshold=2048")
     p.add_argument("--seed", type=int, default=0, help="Python random seed of the workload")
     p.add_argument("--json-out", default=None, help="write the result as JSON to this path")
 
@@ -44,10 +34,7 @@ def engine_kwargs(args: argparse.Namespace, **defaults) -> tuple[str, dict]:
     kw = {k: v for k, v in defaults.items() if v is not None}
     if hint:
         kw["load_format"] = hint
-    for _, name, _ in ENGINE_FLAGS:
-        v = getattr(args, name, None)
-        if v is not None:
-            kw[name] = v
+    kw.update({k: v for k, v in flag_kwargs(args).items() if k != "seed"})
     for item in getattr(args, "engine_arg", []) or []:
         key, _, raw = item.partition("=")
         try:
@@ -102,24 +89,11 @@ def device_name(device: str | None = None) -> str:
     return "cpu"
 
 
-def git_commit() -> str:
-    """The checkout's short commit; ``MINIVLLM_COMMIT`` wins (a copied tree may carry a stale .git)."""
-    if os.environ.get("MINIVLLM_COMMIT"):
-        return os.environ["MINIVLLM_COMMIT"]
-    root = Path(__file__).resolve().parents[3]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or "uncommitted"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def metadata(args: argparse.Namespace, path: str, kw: dict) -> dict:
     """Fields every JSON result carries."""
     return {"model": args.model, "model_name": canonical_name(args.model) or canonical_name(path),
             "model_path": path, "engine_args": kw, "device_name": device_name(kw.get("device")),
-            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "commit": git_commit()}
+            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "version": minivllm.__version__}
 
 
 def write_json(path: str | None, result: dict) -> None:

@@ -1,8 +1,9 @@
-"""Model names for benchmarks: shipped ``config.json`` folders (dummy weights) or real checkpoint folders.
+"""Model names for benchmarks: configs shipped with the package (dummy weights) or checkpoint folders.
 
-``benchmarks/configs/<name>/config.json`` holds the published configs of a few public models
-(no weights, no tokenizer). ``--model qwen3-0.6b`` resolves to that folder and the engine then
-defaults to ``load_format="dummy"`` (random weights of the right shapes); prompts must be token ids.
+``configs/<name>/config.json`` beside this file holds the published ``config.json`` of a few public models
+(no weights, no tokenizer), and ``tiny-qwen3``, a made-up 2-layer model for quick CPU runs.
+``--model qwen3-0.6b`` resolves to that folder and the engine then defaults to ``load_format="dummy"``
+(random weights of the right shapes); prompts are token ids.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 # Aliases -> shipped folder name (matched case-insensitively, after dropping an "org/" prefix).
 ALIASES = {
     "qwen3-0.6b": "qwen3-0.6b",
@@ -19,28 +21,13 @@ ALIASES = {
     "llama-3.1-8b-instruct": "llama-3.1-8b",
     "meta-llama-3.1-8b": "llama-3.1-8b",
     "meta-llama-3.1-8b-instruct": "llama-3.1-8b",
+    "tiny-qwen3": "tiny-qwen3",
 }
 
 
-def configs_dir() -> Path | None:
-    """The ``benchmarks/configs`` folder: ``$MINIVLLM_BENCH_CONFIGS``, the source tree's, or the cwd's."""
-    candidates = []
-    if os.environ.get("MINIVLLM_BENCH_CONFIGS"):
-        candidates.append(Path(os.environ["MINIVLLM_BENCH_CONFIGS"]))
-    candidates.append(Path(__file__).resolve().parents[3] / "benchmarks" / "configs")
-    candidates.append(Path.cwd() / "benchmarks" / "configs")
-    for c in candidates:
-        if c.is_dir():
-            return c
-    return None
-
-
 def shipped_models() -> list[str]:
-    """Names of the shipped config folders (those with a ``config.json``)."""
-    d = configs_dir()
-    if d is None:
-        return []
-    return sorted(p.name for p in d.iterdir() if (p / "config.json").is_file())
+    """Names of the shipped config folders."""
+    return sorted(p.name for p in CONFIGS_DIR.iterdir() if (p / "config.json").is_file())
 
 
 def canonical_name(name_or_path: str) -> str | None:
@@ -60,11 +47,9 @@ def resolve_model(name_or_path: str) -> tuple[str, str | None]:
     if p.is_dir():
         has_weights = any(p.glob("*.safetensors"))
         return str(p), (None if has_weights or not (p / "config.json").is_file() else "dummy")
-    d = configs_dir()
     key = str(name_or_path).lower()
     folder = ALIASES.get(key) or ALIASES.get(key.rsplit("/", 1)[-1]) or key.rsplit("/", 1)[-1]
-    if d is not None and (d / folder / "config.json").is_file():
-        return str(d / folder), "dummy"
-    known = ", ".join(shipped_models()) or "(benchmarks/configs not found)"
-    raise ValueError(f"model {name_or_path!r} is neither a folder nor a shipped config; known: {known}")
-
+    if (CONFIGS_DIR / folder / "config.json").is_file():
+        return str(CONFIGS_DIR / folder), "dummy"
+    raise ValueError(f"model {name_or_path!r} is neither a folder nor a shipped config; known: "
+                     f"{', '.join(shipped_models())}")

@@ -17,6 +17,7 @@ import json
 import random
 import time
 
+import minivllm
 from minivllm.entrypoints.bench import common
 
 _WORDS = ("the of and to in is was for on that with as by at from his it an are were which be this has "
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"warning: {n_chunks} streamed chunks for {n_out} tokens: TPOT/ITL are not per token (a server "
               "skips empty-text chunks; without a tokenizer pass --logprobs 0)")
     result = {"benchmark": "serve", "base_url": args.base_url, "model": model, "label": args.label or model,
-              "date": time.strftime("%Y-%m-%d %H:%M"), "commit": common.git_commit(),
+              "date": time.strftime("%Y-%m-%d %H:%M"), "version": minivllm.__version__,
               "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
               "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
               "duration_s": duration, "completed": len(ok), "failed": len(recs) - len(ok), "errors": errors[:5],

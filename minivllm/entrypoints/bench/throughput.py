@@ -9,7 +9,7 @@ Workloads (``--workload``):
 - ``one-request``: one 128-token prompt -> 512 tokens (ignore_eos); reports ms per output token
   (wall time / 512, prefill included).
 
-Any size flag overrides the workload's; the vLLM reference is then not shown (sizes differ).
+Any size flag overrides the workload's (the result then says ``sizes_overridden``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import random
 import statistics
 import time
 
-from minivllm.entrypoints.bench import common, reference
+from minivllm.entrypoints.bench import common
 
 WORKLOADS = {
     "nano": dict(num_requests=256, min_input_len=100, max_input_len=1024, min_output_len=100,
@@ -132,7 +132,8 @@ def run(args: argparse.Namespace, llm=None) -> dict:
     spec, changed = workload_spec(args)
     path, kw = common.engine_kwargs(args)
     if spec["max_model_len"] and "max_model_len" not in kw:  # the workload's, capped at the model's limit
-        kw["max_model_len"] = min(spec["max_model_len"], common.model_config(path).get("max_position_embeddings", 4096))
+        kw["max_model_len"] = min(spec["max_model_len"],
+                                  common.model_config(path).get("max_position_embeddings", 4096))
     hi = common.vocab_limit(path)
     if args.dataset:
         prompts, max_tokens = load_dataset(args.dataset, spec["num_requests"], args.seed, hi,
@@ -157,9 +158,6 @@ def run(args: argparse.Namespace, llm=None) -> dict:
               "total_prompt_tokens": sum(map(len, prompts)), "total_output_tokens": sum(max_tokens),
               **med, "runs": runs}
     metric = "ms_per_token" if args.workload == "one-request" else "output_tok_s"
-    ref = None if changed else reference.lookup(result["device_name"], kw.get("tensor_parallel_size", 1),
-                                                result["model_name"], args.workload)
-    result["reference"] = reference.as_dict(ref, med[metric]) if ref else None
     common.write_json(args.json_out, result)
     rows = [["workload", args.workload + (" (sizes overridden)" if changed else "")], ["model", args.model],
             ["device", result["device_name"]], ["requests", len(prompts)],
@@ -170,7 +168,6 @@ def run(args: argparse.Namespace, llm=None) -> dict:
         rows.append(["ms per output token", med["ms_per_token"]])
     if len(runs) > 1:
         rows.append([f"all runs ({metric})", ", ".join(common.fmt(r[metric]) for r in runs)])
-    rows += reference.comparison_rows(ref, med[metric]) if ref else [["vLLM reference", "none for this setup"]]
     common.print_table("throughput results", ["metric", "value"], rows)
     return result
 

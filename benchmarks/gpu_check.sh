@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU test suite and the benchmarks in one call, with a short table printed last.
+#   bash benchmarks/gpu_check.sh [SECTION ...]        (default: tests bench06 bench8b)
+# sections:
+#   tests      the GPU suite (tests/gpu; the tests that need 2+ GPUs skip on one)
+#   bench06    Qwen3-0.6B: nano, fixed-batch, one-request, each --repeat 3 (dummy weights)
+#   bench8b    Qwen3-8B: nano, one-request, each --repeat 3
+#   compare    before/after on one machine: for each model in $CMP_MODELS (default "qwen3-0.6b qwen3-8b") and workload
+#              in $CMP_WORKLOADS (default "nano one-request"), the tree at $BEFORE (a checkout of the earlier commit)
+#              then this tree, --repeat 3 each, one right after the other
+#   latency    minivllm bench latency, batch 8, 128 in / 128 out, Qwen3-0.6B and 8B
+#   serve      benchmarks/serve_bench.sh on Qwen3-0.6B (needs fastapi/uvicorn wheels in .whl/ on the GPU machine)
+#   hf         transformers' generate on the fixed batch, beside ours (benchmarks/hf_baseline.py)
+#   profile    benchmarks/profile_step.py on Qwen3-0.6B (host phases, kernel table)
+#   kernels    benchmarks/bench_kernels.py (decode attention), bench_gemv.py, bench_sampler.py
+#   lazy       benchmarks/lazy_compiles.py: no Triton kernel compiles after start-up
+#   tp         benchmarks/tp_scaling.py on Qwen3-8B at TP sizes $TP_SIZES (default "1 2"; 2+ GPUs)
+# Results (JSON, logs) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
+# NOTE: the device tool brings back at most 8 files from $OUT: leave results.tgz there rather than copies of each file.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+R=/tmp/gpu_check
+mkdir -p "$R"
+sections=${*:-tests bench06 bench8b}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/device.txt"
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$R/device.txt"
+BENCH="python3 -m minivllm.entrypoints.bench throughput"  # NOTE: `timeout` cannot run a shell function
+# NOTE: every section has a time limit and the results are archived after each one, so a section
+# that hangs cannot take the others' results with it.
+save() { [ -n "${OUT:-}" ] && tar czf "$OUT/results.tgz" -C "$R" . ; true; }
+here() { PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} "$@"; }
+for s in $sections; do
+  case $s in
+    tests) here timeout 560 python3 -m pytest tests/gpu -q -p no:cacheprovider -m "gpu" > "$R/gpu_tests.log" 2>&1
+           tail -15 "$R/gpu_tests.log" ;;
+    bench06) for w in nano fixed-batch one-request; do
+               here timeout 150 $BENCH --model qwen3-0.6b --workload $w --repeat 3 --json-out "$R/q06_$w.json" 2>&1 | tail -14; done ;;
+    bench8b) for w in nano one-request; do
+               here timeout 200 $BENCH --model qwen3-8b --workload $w --repeat 3 --json-out "$R/q8b_$w.json" 2>&1 | tail -14; done ;;
+    compare) [ -d "${BEFORE:-}" ] || { echo "compare: set BEFORE to a checkout of the earlier commit"; continue; }
+             for M in ${CMP_MODELS:-qwen3-0.6b qwen3-8b}; do for w in ${CMP_WORKLOADS:-nano one-request}; do
+               for side in before after; do
+                 tree=$PWD; [ $side = before ] && tree=$(cd "$BEFORE" && pwd)
+                 (cd "$tree" && PYTHONPATH=$tree timeout 240 $BENCH --model $M --workload $w --repeat ${CMP_REPEAT:-3} \
+                    --json-out "$R/cmp_${M}_${w}_$side.json" > "$R/cmp_${M}_${w}_$side.log" 2>&1) \
+                   || echo "compare: $M $w $side failed (see $R/cmp_${M}_${w}_$side.log)"
+                 save; done; done; done ;;
+    latency) for M in qwen3-0.6b qwen3-8b; do
+               here timeout 150 python3 -m minivllm.entrypoints.bench latency --model $M --batch-size 8 --input-len 128 \
+                 --output-len 128 --num-iters 3 --json-out "$R/${M}_latency.json" 2>&1 | tail -10; done ;;
+    serve) here timeout 300 bash benchmarks/serve_bench.sh "$R" 2>&1 | tail -40 ;;
+    hf) here timeout 150 python3 benchmarks/hf_baseline.py --model qwen3-0.6b --run-ours --json-out "$R/q06_hf_fixed.json" 2>&1 | tail -8 ;;
+    profile) here timeout 200 python3 benchmarks/profile_step.py --model qwen3-0.6b > "$R/profile.txt" 2>&1
+             grep -A12 "^## " "$R/profile.txt" | grep -v "^--$" | head -40 ;;
+    kernels) here timeout 200 python3 benchmarks/bench_kernels.py --cuda-graph > "$R/kernels.txt" 2>&1; tail -20 "$R/kernels.txt"
+             here timeout 200 python3 benchmarks/bench_gemv.py --rows 1 16 > "$R/gemv.txt" 2>&1; tail -20 "$R/gemv.txt"
+             here timeout 90 python3 benchmarks/bench_sampler.py --fused > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt" ;;
+    lazy) here timeout 300 python3 benchmarks/lazy_compiles.py --model qwen3-0.6b --json-out "$R/lazy.json" > "$R/lazy.txt" 2>&1
+          grep -v "^  \[" "$R/lazy.txt" | tail -14 ;;
+    tp) here timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 240 --model qwen3-8b --tp ${TP_SIZES:-1 2} \
+          --json-out "$R/tp_8b.json" 2>&1 | grep -v "^{" | tail -12 ;;
+    *) echo "unknown section $s" ;;
+  esac
+  save
+done
+here python3 benchmarks/gpu_summary.py "$R"

@@ -1,0 +1,111 @@
+"""Engine configuration: one ``Config`` composed of validated sub-configs; no file I/O except ``create``.
+
+Every engine argument (``LLM(model, **engine_args)``, a ``minivllm serve`` flag) is a field of exactly one
+sub-config, under the same name; ``Config.create`` routes each to its sub-config. Defaults that depend on
+another sub-config (the dtype and asynchronous scheduling on the device) are resolved here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from minivllm.config.engine import CacheConfig, DeviceConfig, ParallelConfig, SchedulerConfig
+from minivllm.config.fields import engine_arg_fields
+from minivllm.config.model import ArchConfig, ModelConfig
+from minivllm.envs import Envs, read_envs
+
+__all__ = ["ArchConfig", "CacheConfig", "Config", "DeviceConfig", "ModelConfig", "ParallelConfig",
+           "SchedulerConfig"]
+
+#: sub-config attribute of ``Config`` -> its class; every engine argument is a field of one of them
+SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "scheduler_config": SchedulerConfig,
+               "parallel_config": ParallelConfig, "device_config": DeviceConfig}
+
+
+@dataclass
+class Config:
+    """Everything an engine needs, validated; built by :meth:`create` from a checkpoint and engine arguments.
+
+    ``envs`` is the snapshot of the environment variables read when the engine starts (``minivllm.envs``).
+    """
+
+    model_config: ModelConfig
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    envs: Envs = field(default_factory=read_envs)
+
+    def __post_init__(self) -> None:
+        mc, sc, dc = self.model_config, self.scheduler_config, self.device_config
+        arch = mc.arch
+        if mc.dtype is None:
+            mc.dtype = "float32" if dc.device == "cpu" else arch.dtype
+        if sc.async_scheduling is None:
+            sc.async_scheduling = dc.device != "cpu"
+        if not sc.enable_chunked_prefill and sc.max_num_batched_tokens < mc.max_model_len:
+            raise ValueError(
+                f"without chunked prefill, max_num_batched_tokens ({sc.max_num_batched_tokens}) must be "
+                f">= max_model_len ({mc.max_model_len})")
+        tp = self.parallel_config.tensor_parallel_size
+        if arch.num_attention_heads % tp:
+            raise ValueError(f"num_attention_heads ({arch.num_attention_heads}) must be divisible by "
+                             f"tensor_parallel_size ({tp})")
+        if dc.attention_backend == "triton" and dc.device == "cpu" and not self.envs.triton_interpret:
+            raise ValueError("attention_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, "
+                             "slow: for checking kernels); use attention_backend='torch'")
+
+    @staticmethod
+    def engine_arg_names() -> dict[str, str]:
+        """``{engine argument: the sub-config attribute that holds it}``."""
+        return {f.name: attr for attr, cls in SUB_CONFIGS.items() for f in engine_arg_fields(cls)}
+
+    @classmethod
+    def create(cls, model, arch: ArchConfig | None = None, **engine_args) -> Config:
+        """A validated Config for the checkpoint folder ``model`` (its ``config.json`` is read unless ``arch``
+        is given). An unknown engine argument raises TypeError, a bad value ValueError."""
+        names = cls.engine_arg_names()
+        unknown = sorted(set(engine_args) - set(names))
+        if unknown:
+            raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}")
+        if engine_args.get("device") is None:
+            engine_args["device"] = _default_device()
+        model = os.fspath(model)  # NOTE: a pathlib.Path is fine
+        if arch is None:
+            from minivllm.config.hf import load_arch
+
+            arch = load_arch(model)
+        groups: dict[str, dict] = {attr: {} for attr in SUB_CONFIGS}
+        for name, value in engine_args.items():
+            groups[names[name]][name] = value
+        config = cls(ModelConfig(model, arch, **groups.pop("model_config")),
+                     **{attr: SUB_CONFIGS[attr](**kw) for attr, kw in groups.items()})
+        _check_gpus(config.device_config.device, config.parallel_config.tensor_parallel_size)
+        return config
+
+
+def _check_gpus(device: str, tensor_parallel_size: int) -> None:
+    """The GPUs that ``device`` and ``tensor_parallel_size`` ask for exist (ranks use ``cuda:index + rank``)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}, but torch {torch.__version__} sees no CUDA GPU (a CPU-only build "
+                         "or no driver): use device='cpu'")
+    first = int(device.split(":")[1]) if ":" in device else 0
+    count = torch.cuda.device_count()
+    if first + tensor_parallel_size > count:
+        need = f"GPUs {first}..{first + tensor_parallel_size - 1}" if tensor_parallel_size > 1 else f"GPU {first}"
+        raise ValueError(f"device={device!r} with tensor_parallel_size={tensor_parallel_size} needs {need}, "
+                         f"but torch sees {count} GPU{'s' if count != 1 else ''}")
+
+
+def _default_device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:  # pragma: no cover
+        return "cpu"

@@ -1,0 +1,79 @@
+"""Read a Hugging Face checkpoint's ``config.json`` (transformers 4.x or 5.x layout)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from minivllm.config.model import ArchConfig
+
+_DTYPE_ALIASES = {"float32": "float32", "float": "float32", "fp32": "float32", "float16": "float16",
+                  "half": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def _as_id_list(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConfig:
+    """Normalise an HF config dict: ``rope_theta``/``torch_dtype`` (4.x) or ``rope_parameters``/``dtype`` (5.x)."""
+    archs = cfg.get("architectures") or []
+    if not archs:
+        model_type = cfg.get("model_type", "")
+        archs = {"qwen3": ["Qwen3ForCausalLM"], "llama": ["LlamaForCausalLM"],
+                 "qwen2": ["Qwen2ForCausalLM"]}.get(model_type, [])
+    if not archs:
+        raise ValueError("config.json names no architecture (no 'architectures' and unknown 'model_type')")
+    rope_params = cfg.get("rope_parameters") or {}
+    rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+    rope_scaling = cfg.get("rope_scaling")
+    if rope_scaling is None and rope_params.get("rope_type", "default") not in ("default", None):
+        rope_scaling = dict(rope_params)
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    dtype = _DTYPE_ALIASES.get(str(dtype).replace("torch.", ""), None)
+    if dtype is None:
+        raise ValueError(f"config.json has an unsupported dtype {cfg.get('dtype') or cfg.get('torch_dtype')!r}")
+    eos = _as_id_list(cfg.get("eos_token_id"))
+    if generation_config:
+        for t in _as_id_list(generation_config.get("eos_token_id")):
+            if t not in eos:
+                eos.append(t)
+    num_heads = cfg["num_attention_heads"]
+    return ArchConfig(
+        architecture=archs[0],
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=num_heads,
+        num_key_value_heads=cfg.get("num_key_value_heads") or num_heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope_theta),
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        dtype=dtype,
+        eos_token_ids=eos,
+        bos_token_id=cfg.get("bos_token_id"),
+    )
+
+
+def load_arch(path: str) -> ArchConfig:
+    """Load ``path/config.json`` (and ``generation_config.json`` when present)."""
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"no config.json in {path!r}: expected a local Hugging Face checkpoint folder")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    gen = None
+    gen_path = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            gen = json.load(f)
+    return arch_from_dict(cfg, gen)

@@ -1,0 +1,70 @@
+"""The model: its architecture facts (read from the checkpoint) and the user's choices about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minivllm.config.fields import arg, at_least, check_types
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass
+class ArchConfig:
+    """Architecture facts of a checkpoint, normalised across transformers 4.x / 5.x ``config.json`` layouts
+    (what vLLM keeps as ``ModelConfig.hf_config``). Built by ``minivllm.config.hf.load_arch``."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    dtype: str = "bfloat16"
+    eos_token_ids: list[int] = field(default_factory=list)
+    bos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model config: {name} must be >= 1, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"model config: num_attention_heads ({self.num_attention_heads}) must be a multiple "
+                f"of num_key_value_heads ({self.num_key_value_heads})")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model config: dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+
+@dataclass
+class ModelConfig:
+    """Which checkpoint, in which dtype, how long its sequences may be, how its weights load."""
+
+    model: str
+    arch: ArchConfig
+    dtype: str | None = arg(None, "float32, float16 or bfloat16 (default: the checkpoint's on a GPU, "
+                                  "float32 on the CPU)", choices=DTYPES)
+    max_model_len: int | None = arg(None, "longest prompt + output in tokens (default: min(4096, the model's "
+                                          "max_position_embeddings))")
+    load_format: str = arg("auto", "auto or safetensors (the checkpoint's weights), or dummy (random weights "
+                                   "of the right shapes, for benchmarks)", choices=("auto", "safetensors", "dummy"))
+    seed: int = arg(0, "random seed of the engine (dummy weights, unseeded sampling)")
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.max_model_len is None:
+            self.max_model_len = min(4096, self.arch.max_position_embeddings)
+        at_least("max_model_len", self.max_model_len, 1)
+        if self.max_model_len > self.arch.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) exceeds the model's max_position_embeddings "
+                f"({self.arch.max_position_embeddings})")

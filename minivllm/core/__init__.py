@@ -1,0 +1,1 @@
+"""Pure-Python bookkeeping (no torch): sequences, the KV block manager, the scheduler and its frozen output."""

@@ -1,0 +1,264 @@
+"""Token-budget scheduler (vLLM V1 style): decode first, chunked prefill, mixed steps. Pure Python."""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+
+from minivllm.core.block_manager import BlockManager
+from minivllm.core.scheduler_output import ScheduledSeq, SchedulerOutput
+from minivllm.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
+from minivllm.core.stop import check_stop, ends_by_length
+
+__all__ = ["Scheduler", "SchedulerOutput"]
+
+# NOTE: a ScheduledSeq from a tuple of its fields in order, without the NamedTuple's keyword-handling __new__
+# (twice as fast; one per row per step)
+_row = functools.partial(tuple.__new__, ScheduledSeq)
+
+
+class Scheduler:
+    """Decides, each step, which sequences compute how many tokens.
+
+    Order within the ``max_num_batched_tokens`` budget: running decode sequences (one token
+    each), then running partial prefills, then new sequences from the waiting queue (FCFS).
+    A prompt that does not fit what is left of the budget (or exceeds
+    ``long_prefill_threshold``) is computed in chunks; it stays RUNNING meanwhile and is
+    sampled only once every token is computed. When blocks run out, the running sequence
+    with the least progress is preempted: its blocks are freed and it goes back to the head
+    of the waiting queue, to be recomputed (its full blocks usually come back from the
+    prefix cache).
+
+    ``schedule`` returns a frozen ``SchedulerOutput`` and accounts for the step at once (computed
+    counts advance, each sampled row appends a placeholder token); ``update_from_output`` later writes
+    the step's sampled tokens and finishes the sequences that stop.
+    """
+
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, eos_token_ids: list[int] | None = None,
+                 enable_chunked_prefill: bool = True, max_num_partial_prefills: int = 1,
+                 max_long_partial_prefills: int = 1, long_prefill_threshold: int = 0):
+        if block_manager.num_blocks * block_manager.block_size < max_model_len:
+            raise ValueError(
+                f"the KV cache holds {block_manager.num_blocks} blocks x {block_manager.block_size} tokens = "
+                f"{block_manager.num_blocks * block_manager.block_size} tokens, fewer than max_model_len "
+                f"({max_model_len}): one sequence could never finish; raise num_kvcache_blocks or "
+                f"lower max_model_len")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = set(eos_token_ids or [])
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.max_num_partial_prefills = max_num_partial_prefills
+        self.max_long_partial_prefills = max_long_partial_prefills
+        self.long_prefill_threshold = long_prefill_threshold
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.seqs: dict[int, Sequence] = {}  # every unfinished sequence, by id
+        self.num_preemptions = 0
+
+    # ----------------------------------------------------------------- queues
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (FCFS)."""
+        if seq.num_tokens > self.max_model_len:
+            raise ValueError(f"sequence of {seq.num_tokens} tokens exceeds max_model_len {self.max_model_len}")
+        if seq.seq_id in self.seqs:
+            raise ValueError(f"sequence id {seq.seq_id} is already scheduled")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self.seqs[seq.seq_id] = seq
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ------------------------------------------------------------- scheduling
+    def _chunk_cap(self) -> int:
+        return self.long_prefill_threshold if self.long_prefill_threshold > 0 else 1 << 62
+
+    def _is_long(self, num_tokens: int) -> bool:
+        return 0 < self.long_prefill_threshold < num_tokens
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's rows, allocate their slots (preempting if needed) and account for the step."""
+        scheduled: list[tuple[Sequence, int]] = []
+        preempted: list[Sequence] = []
+        num_cached = num_admitted = 0
+        budget = self.max_num_batched_tokens
+        scheduled_ids: set[int] = set()
+        num_partial = num_long_partial = 0
+
+        decodes = [s for s in self.running if not s.is_prefilling]
+        prefills = [s for s in self.running if s.is_prefilling]
+        for seq in decodes + prefills:
+            if budget <= 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            if seq.num_pending_tokens and ends_by_length(seq, self.max_model_len):
+                continue  # NOTE: its pending token is its last one; computing it would be wasted
+            remaining = seq.num_uncomputed_tokens
+            num_new = min(remaining, budget, self._chunk_cap())
+            while not self.block_manager.allocate_slots(seq, num_new):
+                victim = self._pick_victim(seq, scheduled_ids)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                continue
+            if num_new < remaining:
+                num_partial += 1
+                num_long_partial += self._is_long(remaining)
+            scheduled.append((seq, num_new))
+            scheduled_ids.add(seq.seq_id)
+            budget -= num_new
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            if seq.num_pending_tokens:  # preempted while its token was in flight: wait for the value
+                break
+            computed = self.block_manager.get_computed_blocks(seq)
+            remaining = seq.num_tokens - len(computed) * self.block_manager.block_size
+            num_new = min(remaining, budget, self._chunk_cap())
+            if num_new < remaining:
+                if not self.enable_chunked_prefill or num_partial >= self.max_num_partial_prefills:
+                    break
+                if self._is_long(remaining) and num_long_partial >= self.max_long_partial_prefills:
+                    break
+            if not self.block_manager.allocate_slots(seq, num_new, computed):
+                break
+            if num_new < remaining:
+                num_partial += 1
+                num_long_partial += self._is_long(remaining)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            num_cached += seq.num_cached_tokens
+            num_admitted += seq.num_tokens
+            scheduled.append((seq, num_new))
+            scheduled_ids.add(seq.seq_id)
+            budget -= num_new
+        return self._snapshot(scheduled, preempted, num_cached, num_admitted)
+
+    def _snapshot(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence], num_cached: int,
+                  num_admitted: int) -> SchedulerOutput:
+        """The step's frozen output; then advance each row's computed count and give each sampled row a
+        placeholder for its token (its value arrives with ``update_from_output``)."""
+        rows: list[ScheduledSeq] = []
+        sampled: list[ScheduledSeq] = []
+        num_prefill = num_decode = 0
+        tables = self.block_manager.block_table
+        for seq, n in scheduled:
+            start, tokens = seq.num_computed_tokens, seq.token_ids
+            num_tokens = len(tokens)
+            prev_row = -1
+            if n == 1:
+                new = (tokens[start],)
+                if new[0] == PLACEHOLDER:
+                    if start != num_tokens - 1:
+                        raise RuntimeError(f"only the newest placeholder can be an input: {seq}")
+                    new, prev_row = (0,), seq.pending_row
+            else:
+                if start + n > num_tokens - seq.num_pending_tokens:
+                    raise RuntimeError(f"a chunk of {n} tokens reaches a pending placeholder: {seq}")
+                new = tuple(tokens[start:start + n])
+            if num_tokens - start > 1:
+                num_prefill += n
+            else:
+                num_decode += n
+            seq.num_computed_tokens = start + n
+            if start + n < num_tokens:
+                rows.append(_row((seq.seq_id, start, new, tables(seq.seq_id), prev_row, None, 0, None)))
+                continue
+            params = seq.sampling_params
+            penalty_ids = ((tuple(tokens[:seq.num_prompt_tokens]), tuple(tokens[seq.num_prompt_tokens:]))
+                           if params.has_penalties else None)
+            row = _row((seq.seq_id, start, new, tables(seq.seq_id), prev_row, params,
+                        num_tokens - seq.num_prompt_tokens, penalty_ids))
+            rows.append(row)
+            seq.append_placeholder(len(sampled))
+            sampled.append(row)
+        return SchedulerOutput(tuple(rows), tuple(sampled), num_prefill, num_decode,
+                               tuple(s.seq_id for s in preempted), num_cached, num_admitted)
+
+    def _pick_victim(self, seq: Sequence, scheduled_ids: set[int]) -> Sequence:
+        """The unscheduled running sequence (or ``seq`` itself) with the fewest computed tokens, newest first."""
+        candidates = [s for s in self.running if s.seq_id not in scheduled_ids]
+        return min(candidates, key=lambda s: (s.num_computed_tokens, -s.seq_id))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        self.running.remove(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ------------------------------------------------------------ outputs
+    def update_from_output(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> list[tuple[int, Sequence]]:
+        """Write a step's sampled tokens (row ``i`` -> ``out.sampled[i]``), finish stopped sequences.
+
+        Rows of sequences that finished meanwhile (a stop found one step earlier, an abort) are
+        dropped. Returns ``(row, sequence)`` for each sequence that received a token.
+        """
+        if len(out.sampled) != len(sampled_token_ids):
+            raise RuntimeError(f"{len(sampled_token_ids)} sampled tokens for {len(out.sampled)} sampled rows")
+        updated: list[tuple[int, Sequence]] = []
+        any_finished = False
+        for row, (s, token_id) in enumerate(zip(out.sampled, sampled_token_ids)):
+            seq = self.seqs.get(s.seq_id)
+            if seq is None:  # finished meanwhile
+                continue
+            seq.resolve_token(token_id)
+            updated.append((row, seq))
+            reason = check_stop(seq, token_id, self.max_model_len, self.eos_token_ids)
+            if reason is not None:
+                if seq.status == SequenceStatus.WAITING:  # preempted while its token was in flight
+                    self.waiting.remove(seq)
+                self._finish(seq, reason, stop_reason=token_id if reason == "stop" else None)
+                any_finished = True
+        if any_finished:
+            self.running = [s for s in self.running if s.status == SequenceStatus.RUNNING]
+        return updated
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        del self.seqs[seq.seq_id]
+        seq.drop_pending()
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        self.block_manager.free(seq)
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        """Finish a sequence from outside (a stop string, an abort) and free its blocks now."""
+        if seq.status == SequenceStatus.FINISHED:
+            return
+        if seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+        self._finish(seq, reason, stop_reason)
+
+    def check_integrity(self) -> dict[str, int]:
+        """Assert queue and block invariants; returns the block manager's counts."""
+        assert len(self.running) <= self.max_num_seqs
+        for seq in self.running:
+            assert seq.status == SequenceStatus.RUNNING
+            assert 0 <= seq.num_pending_tokens <= 2, f"{seq}: {seq.num_pending_tokens} pending tokens"
+            assert all(t == PLACEHOLDER for t in seq.token_ids[seq.num_known_tokens:])
+            assert seq.num_computed_tokens <= seq.num_tokens
+            bs = self.block_manager.block_size
+            assert len(self.block_manager.block_table(seq.seq_id)) >= (seq.num_computed_tokens + bs - 1) // bs
+        for seq in self.waiting:
+            assert seq.status == SequenceStatus.WAITING and not self.block_manager.block_table(seq.seq_id)
+        ids = [s.seq_id for s in self.running] + [s.seq_id for s in self.waiting]
+        assert len(ids) == len(set(ids)), "a sequence is queued twice"
+        assert set(ids) == self.seqs.keys(), "the id map and the queues disagree"
+        holders = {s.seq_id for s in self.running}
+        assert self.block_manager.seq_ids <= holders, "a sequence off the running list holds blocks"
+        return self.block_manager.check_integrity()

@@ -1,0 +1,129 @@
+"""Prometheus metrics of the server: engine load, token counters and request latency histograms.
+
+``PrometheusStatLogger`` is an ``AsyncLLM`` stat logger: the engine loop thread calls it after each
+step and on each abort (prometheus_client metrics are thread-safe). Each logger owns its own
+``CollectorRegistry``, so several apps (tests) never share or clash on the global one.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from minivllm.outputs import RequestOutput, StepStats
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                   10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+#: attribute -> (name after "minivllm_", help) of the gauges of the engine's load, each labelled by model name
+_LOAD_GAUGES = {
+    "num_running": ("num_requests_running", "Sequences in the running batch."),
+    "num_waiting": ("num_requests_waiting", "Sequences waiting to be scheduled."),
+    "max_running": ("num_requests_running_max", "Most sequences seen in one engine step."),
+}
+_CACHE_GAUGES = {
+    "kv_usage": ("kv_cache_usage_perc", "Fraction of KV cache blocks in use (ref count > 0), 0 to 1."),
+    "kv_blocks_used": ("kv_cache_blocks_used", "KV cache blocks in use (ref count > 0)."),
+    "kv_blocks_total": ("kv_cache_blocks_total", "KV cache blocks in all."),
+    "prefix_hit_rate": ("prefix_cache_hit_rate", "Prefix cache hits / queries (tokens), cumulative."),
+}
+_COUNTERS = {
+    "prefix_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+    "prefix_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    "prompt_tokens": ("prompt_tokens", "Prompt tokens of the requests that started."),
+    "generation_tokens": ("generation_tokens", "Generated tokens."),
+    "preemptions": ("num_preemptions", "Sequences preempted (their KV cache dropped)."),
+}
+
+
+class PrometheusStatLogger:
+    """Keeps the server's Prometheus metrics up to date from the engine loop's outputs and stats."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r, names = self.registry, ["model_name"]
+
+        for kind, table in ((Gauge, _LOAD_GAUGES), (Gauge, _CACHE_GAUGES), (Counter, _COUNTERS)):
+            for attr, (name, doc) in table.items():
+                setattr(self, attr, kind(f"minivllm_{name}", doc, names, registry=r).labels(model_name))
+
+        def histogram(name, doc, buckets=LATENCY_BUCKETS):
+            return Histogram(f"minivllm_{name}", doc, names, buckets=buckets, registry=r).labels(model_name)
+
+        self._success = Counter("minivllm_request_success", "Requests that ended, by finish reason.",
+                                names + ["finished_reason"], registry=r)
+        self._model = model_name
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first generated token.")
+        self.itl = histogram("inter_token_latency_seconds", "Time between two tokens of one completion.")
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to the end of the request.")
+        self.batch_size = histogram("batch_size", "Sequences in each engine step that ran the model.", BATCH_BUCKETS)
+        self.step_time = histogram("step_time_seconds", "Wall time of each engine step that ran the model.")
+        self._hits = self._queries = 0
+        self._peak = 0
+        self._started: set[str] = set()
+        self._last_token: dict[tuple[str, int], float] = {}
+
+    def on_step(self, outputs: list[RequestOutput], stats: StepStats, now: float) -> None:
+        """Record one engine step: gauges from ``stats``, counters and latencies from ``outputs``."""
+        self.num_running.set(stats.num_running)
+        self.num_waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_cache_usage)
+        self.kv_blocks_used.set(stats.kv_blocks_used)
+        self.kv_blocks_total.set(stats.kv_blocks_total)
+        if stats.num_preempted:
+            self.preemptions.inc(stats.num_preempted)
+        if stats.prefix_cache_query_tokens:
+            self._queries += stats.prefix_cache_query_tokens
+            self._hits += stats.prefix_cache_hit_tokens
+            self.prefix_queries.inc(stats.prefix_cache_query_tokens)
+            self.prefix_hits.inc(stats.prefix_cache_hit_tokens)
+            self.prefix_hit_rate.set(self._hits / self._queries)
+        if stats.num_scheduled_seqs:
+            self.batch_size.observe(stats.num_scheduled_seqs)
+            self.step_time.observe(stats.step_time)
+            self._peak = max(self._peak, stats.num_scheduled_seqs)
+            self.max_running.set(self._peak)
+        for out in outputs:
+            self._on_output(out, now)
+
+    def _on_output(self, out: RequestOutput, now: float) -> None:
+        rid = out.request_id
+        if rid not in self._started:
+            self._started.add(rid)
+            self.prompt_tokens.inc(len(out.prompt_token_ids))
+            first = out.first_token_time if out.first_token_time is not None else now
+            self.ttft.observe(max(0.0, first - out.arrival_time))
+        for c in out.outputs:
+            key = (rid, c.index)
+            if c.delta_token_ids:
+                self.generation_tokens.inc(len(c.delta_token_ids))
+                last = self._last_token.get(key)
+                if last is not None:
+                    self.itl.observe(now - last)
+                self._last_token[key] = now
+            if c.finished:
+                self._last_token.pop(key, None)
+        if out.finished:
+            self._started.discard(rid)
+            end = out.finished_time if out.finished_time is not None else now
+            self.e2e.observe(max(0.0, end - out.arrival_time))
+            self._success.labels(self._model, out.outputs[0].finish_reason or "abort").inc()
+
+    def on_abort(self, request_id: str, now: float) -> None:
+        """Count an aborted request and forget its timing state."""
+        self._started.discard(request_id)
+        for key in [k for k in self._last_token if k[0] == request_id]:
+            del self._last_token[key]
+        self._success.labels(self._model, "abort").inc()
+
+    def render(self) -> bytes:
+        """The metrics in the Prometheus text format."""
+        return generate_latest(self.registry)

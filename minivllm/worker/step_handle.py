@@ -1,0 +1,52 @@
+"""StepHandle: a launched step's sampled tokens on their way from the device to the host."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.worker.executor import SampledTokens
+
+
+class StepHandle:
+    """A launched step's sampled tokens on their way to the host; ``result()`` waits for them.
+
+    On CUDA the device-to-host copies go to pinned memory right after the sampler's kernels and
+    a CUDA event marks their end, so the host can launch the next step before waiting.
+    """
+
+    def __init__(self, res, want: list[int | None]):
+        self._done: SampledTokens | None = None
+        self.want = want
+        tensors = [res.sampled_token_ids]
+        self.has_logprobs = res.logprobs is not None and any(w is not None for w in want)
+        if self.has_logprobs:
+            b = len(want)
+            tensors += [res.logprobs,
+                        res.top_logprobs_ids if res.top_logprobs_ids is not None else torch.empty(b, 0),
+                        res.top_logprobs if res.top_logprobs is not None else torch.empty(b, 0)]
+        self.event = None
+        if tensors[0].device.type == "cuda":
+            host = []
+            for t in tensors:
+                h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                h.copy_(t, non_blocking=True)
+                host.append(h)
+            tensors = host
+            self.event = torch.cuda.Event()
+            self.event.record()
+        self.tensors = tensors
+
+    @classmethod
+    def ready(cls, sampled: SampledTokens) -> StepHandle:
+        handle = cls.__new__(cls)
+        handle._done = sampled
+        return handle
+
+    def result(self) -> SampledTokens:
+        if self._done is None:
+            if self.event is not None:
+                self.event.synchronize()
+            lists = [t.tolist() for t in self.tensors]
+            self._done = SampledTokens(*lists, self.want) if self.has_logprobs else SampledTokens(lists[0])
+            self.tensors = None
+        return self._done
