@@ -141,8 +141,6 @@ def test_external_finish_of_waiting_and_running():
 def test_the_output_is_a_frozen_snapshot():
     """The runner gets ids, tokens, positions and block ids as they were when the step was scheduled; the
     scheduler has already accounted for the step (computed counts, a placeholder per sampled row)."""
-    import dataclasses
-
     import pytest
 
     from minivllm.core.sequence import PLACEHOLDER
@@ -162,7 +160,7 @@ def test_the_output_is_a_frozen_snapshot():
     assert first.sampled[0].penalty_token_ids is None
     assert first.sampled[1].penalty_token_ids == (tuple(range(500, 518)), ())
     assert a.num_computed_tokens == 20 and a.token_ids[-1] == PLACEHOLDER and a.pending_row == 0
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         first.num_decode_tokens = 5
     with pytest.raises(AttributeError):
         first.rows[0].num_computed_tokens = 3

@@ -12,9 +12,10 @@ from minivllm.core.stop import check_stop, ends_by_length
 
 __all__ = ["Scheduler", "SchedulerOutput"]
 
-# NOTE: a ScheduledSeq from a tuple of its fields in order, without the NamedTuple's keyword-handling __new__
-# (twice as fast; one per row per step)
+# NOTE: a ScheduledSeq (a SchedulerOutput) from a tuple of its fields in order, without the NamedTuple's
+# keyword-handling __new__ (twice as fast; one per row per step)
 _row = functools.partial(tuple.__new__, ScheduledSeq)
+_output = functools.partial(tuple.__new__, SchedulerOutput)
 
 
 class Scheduler:
@@ -183,8 +184,8 @@ class Scheduler:
             rows.append(row)
             seq.append_placeholder(len(sampled))
             sampled.append(row)
-        return SchedulerOutput(tuple(rows), tuple(sampled), num_prefill, num_decode,
-                               tuple(s.seq_id for s in preempted), num_cached, num_admitted)
+        return _output((tuple(rows), tuple(sampled), num_prefill, num_decode,
+                        tuple(s.seq_id for s in preempted), num_cached, num_admitted))
 
     def _pick_victim(self, seq: Sequence, scheduled_ids: set[int]) -> Sequence:
         """The unscheduled running sequence (or ``seq`` itself) with the fewest computed tokens, newest first."""

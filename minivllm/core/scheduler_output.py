@@ -6,7 +6,6 @@ sequences may change afterwards (the next step's scheduling, a stop, an abort) w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from minivllm.sampling_params import SamplingParams
@@ -34,10 +33,9 @@ class ScheduledSeq(NamedTuple):
         return self.params is not None
 
 
-@dataclass(frozen=True)
-class SchedulerOutput:
+class SchedulerOutput(NamedTuple):
     """One step: ``rows`` in batch order, the ``sampled`` ones among them (the order of the step's sampled
-    tokens), and the step's counts."""
+    tokens), and the step's counts. Immutable (a tuple)."""
 
     rows: tuple[ScheduledSeq, ...] = ()
     sampled: tuple[ScheduledSeq, ...] = ()

@@ -100,8 +100,10 @@ def build_step_inputs(out: SchedulerOutput, block_size: int,
 
 
 def _padded_block_tables(tables: list[tuple[int, ...]], width: int) -> np.ndarray:  # -> [rows, width] int32
-    """The tables as one -1-padded array. NOTE: one flat copy and a masked fill, not a Python list per row
-    (3x faster at 256 rows of 40 blocks)."""
+    """The tables as one -1-padded array. NOTE: from 16 rows on, one flat copy and a masked fill (1.5x faster
+    than a padded Python row each at 256 rows); below, the padded rows (5x faster at one row)."""
+    if len(tables) < 16:
+        return np.array([t + (-1,) * (width - len(t)) for t in tables], dtype=np.int32).reshape(len(tables), width)
     lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))  # [rows]
     flat = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32, count=int(lens.sum()))
     out = np.full((len(tables), width), -1, dtype=np.int32)
