@@ -9,6 +9,7 @@ travels with the config (to tensor-parallel workers too), so nothing reads ``os.
 | ``MINIVLLM_NCCL_SO`` | the NCCL library to load (default ``libnccl.so.2``, the one PyTorch loaded) |
 | ``MINIVLLM_TP_TIMEOUT_S`` | how long a tensor-parallel rank waits for a stuck peer (default 300 s) |
 | ``MINIVLLM_HANG_DUMP_S`` | every N seconds, each tensor-parallel process prints its Python stacks |
+| ``MINIVLLM_API_KEY`` | the server's API keys, comma-separated (as vLLM reads ``VLLM_API_KEY``; ``--api-key`` adds more) |
 | ``TRITON_INTERPRET`` | Triton's own: ``1`` runs Triton kernels in its interpreter (how the CPU runs them) |
 | ``OMP_NUM_THREADS`` | torch's: a set value keeps the engine from choosing the CPU thread count |
 """
@@ -28,6 +29,7 @@ class Envs:
     hang_dump_s: float | None = None
     triton_interpret: bool = False
     omp_num_threads_set: bool = False
+    api_keys: tuple[str, ...] = ()
 
 
 def _positive_float(name: str, text: str | None) -> float | None:
@@ -52,4 +54,5 @@ def read_envs() -> Envs:
         hang_dump_s=_positive_float("MINIVLLM_HANG_DUMP_S", env.get("MINIVLLM_HANG_DUMP_S")),
         triton_interpret=env.get("TRITON_INTERPRET") == "1",
         omp_num_threads_set=bool(env.get("OMP_NUM_THREADS")),
+        api_keys=tuple(k.strip() for k in (env.get("MINIVLLM_API_KEY") or "").split(",") if k.strip()),
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from minivllm.config.fields import check_types
+
 
 @dataclass
 class SamplingParams:
@@ -35,6 +37,7 @@ class SamplingParams:
     _stop: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        check_types(self)  # NOTE: first: a wrong type gets a ValueError naming the parameter, not a TypeError
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:

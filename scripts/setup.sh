@@ -14,7 +14,9 @@ installed() {  # every requested extra appears on a stamp line of this Python an
   local line
   line=$(grep -F "$key " "$stamp" 2>/dev/null | tail -1) || return 1
   for e in ${extras//,/ }; do [[ ",${line#"$key "}," == *",$e,"* ]] || return 1; done
-  "$PY" -c "import minivllm, os, sys; sys.exit(not os.path.realpath(minivllm.__file__).startswith(os.path.realpath('minivllm')))" 2>/dev/null
+  # NOTE: from another folder, so that the installed package is found, not this folder's
+  local here; here=$(pwd -P)
+  (cd / && "$PY" -c "import minivllm, os, sys; sys.exit(not os.path.realpath(minivllm.__file__).startswith('$here/'))") 2>/dev/null
 }
 if installed; then
   exit 0

@@ -17,6 +17,24 @@ from minivllm.outputs import CompletionOutput, RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
 
+class CharTokenizer:
+    """A token per character (its code point): what the server's tokenization needs of a tokenizer."""
+
+    chat_template = None
+
+    def get_vocab(self) -> dict[str, int]:
+        return {chr(i): i for i in range(128)}
+
+    def __len__(self) -> int:
+        return 128
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids)
+
+
 class FakeEngine:
     """Generates "a", "b", "c", ... one token per step for every request; records each batch."""
 
@@ -27,7 +45,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.thread_ids: set[int] = set()
         self.closed = False
-        self.tokenizer = None
+        self.tokenizer = CharTokenizer()
         self.config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64))
 
     def add_request(self, prompt, params, request_id=None, stream=False, strict_length=False):

@@ -4,79 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from server_utils import running_server  # noqa: E402
 
 pytestmark = pytest.mark.server
-ROOT = Path(__file__).resolve().parents[1]
 NAME = "tiny"
 # NOTE: asynchronous scheduling as on a GPU (its default there): tokens reach requests one step late
 ENGINE_ARGS = ["--device", "cpu", "--max-model-len", "512", "--num-kvcache-blocks", "256", "--async-scheduling"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tiny_tied_model, tmp_path_factory):
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-m", "minivllm.entrypoints.cli", "serve", tiny_tied_model,
-                             "--port", str(port), "--served-model-name", NAME, *ENGINE_ARGS],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, f"server exited early:\n{log.seek(0) or log.read()}"
-            assert time.monotonic() < deadline, f"server not healthy in time:\n{log.seek(0) or log.read()}"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        yield SimpleServer(proc, url, tiny_tied_model)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-
-
-class SimpleServer:
-    def __init__(self, proc, url, model_path):
-        self.proc, self.url, self.model_path = proc, url, model_path
-        self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
-
-    def metrics(self) -> dict[str, float]:
-        text = httpx.get(f"{self.url}/metrics").text
-        return {s.name + json.dumps(dict(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))): s.value
-                for f in text_string_to_metric_families(text) for s in f.samples}
-
-    def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
-        deadline = time.monotonic() + timeout
-        while True:
-            m = self.metrics()
-            if m["minivllm_num_requests_running{}"] == 0 and m["minivllm_kv_cache_blocks_used{}"] == 0:
-                return m
-            assert time.monotonic() < deadline, f"server not idle: {m}"
-            time.sleep(0.05)
+    with running_server(tiny_tied_model, ["--served-model-name", NAME, *ENGINE_ARGS],
+                        tmp_path_factory.mktemp("server")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +237,7 @@ def test_served_model_name_defaults_to_the_model_as_given(tiny_tied_model, monke
 
     seen = {}
 
-    def fake_build_app(async_llm, name):
+    def fake_build_app(async_llm, name, config=None):
         seen["name"] = name
         raise Built
 

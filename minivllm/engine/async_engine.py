@@ -14,11 +14,17 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
-from minivllm.engine.engine_loop import EngineDeadError, EngineLoop, EngineNotReadyError
+from minivllm.engine.engine_loop import (
+    EngineDeadError,
+    EngineLoop,
+    EngineNotReadyError,
+    EngineOverloadedError,
+)
 from minivllm.outputs import CompletionOutput, RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
-__all__ = ["AsyncLLM", "EngineDeadError", "EngineNotReadyError", "RequestStream", "StatLogger"]
+__all__ = ["AsyncLLM", "EngineDeadError", "EngineNotReadyError", "EngineOverloadedError", "RequestStream",
+           "StatLogger"]
 
 
 class StatLogger(Protocol):
@@ -84,27 +90,32 @@ class AsyncLLM:
 
     ``AsyncLLM.from_model(path, **engine_kwargs)`` or ``AsyncLLM(engine_factory)``; call
     :meth:`start` inside the running event loop, then ``await add_request(...)`` (or iterate
-    :meth:`generate`), and ``await shutdown()`` at the end.
+    :meth:`generate`), and ``await shutdown()`` at the end. ``max_num_waiting`` (None: no bound) caps the
+    sequences waiting for the engine: a request beyond it raises EngineOverloadedError.
     """
 
-    def __init__(self, engine_factory: Callable[[], Any], stat_loggers: Iterable[StatLogger] = ()):
+    def __init__(self, engine_factory: Callable[[], Any], stat_loggers: Iterable[StatLogger] = (),
+                 max_num_waiting: int | None = None):
         self._factory = engine_factory
+        self.max_num_waiting = max_num_waiting
         self.stat_loggers: list[StatLogger] = list(stat_loggers)
         self._streams: dict[str, RequestStream] = {}
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: EngineLoop | None = None
         self._ready_event: asyncio.Event | None = None
+        self._dead_event: asyncio.Event | None = None
 
     @classmethod
-    def from_model(cls, model: str, stat_loggers: Iterable[StatLogger] = (), **engine_kwargs) -> AsyncLLM:
+    def from_model(cls, model: str, stat_loggers: Iterable[StatLogger] = (), max_num_waiting: int | None = None,
+                   **engine_kwargs) -> AsyncLLM:
         """An AsyncLLM that builds ``LLMEngine(model, **engine_kwargs)`` on its thread."""
         def factory():
             from minivllm.engine.llm_engine import LLMEngine
 
             return LLMEngine(model, **engine_kwargs)
 
-        return cls(factory, stat_loggers)
+        return cls(factory, stat_loggers, max_num_waiting)
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -113,6 +124,7 @@ class AsyncLLM:
             return
         self._loop = asyncio.get_running_loop()
         self._ready_event = asyncio.Event()
+        self._dead_event = asyncio.Event()
         self._worker = EngineLoop(self._factory, self.stat_loggers, on_ready=self._threadsafe(self._ready_event.set),
                                   on_outputs=self._threadsafe(self._dispatch),
                                   on_failed=self._threadsafe(self._on_failed))
@@ -133,6 +145,11 @@ class AsyncLLM:
         """True once the engine is built, while it is healthy and not shutting down."""
         return self.engine is not None and self.error is None and not self._stopping
 
+    async def wait_dead(self) -> BaseException:
+        """Wait until the engine loop has failed (after :meth:`start`); returns why."""
+        await self._dead_event.wait()
+        return self.error
+
     async def wait_ready(self) -> None:
         """Wait until the engine is built (after :meth:`start`); raises EngineDeadError if that failed."""
         await self._ready_event.wait()
@@ -147,14 +164,6 @@ class AsyncLLM:
     @property
     def max_model_len(self) -> int:
         return self.engine.config.model_config.max_model_len
-
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        """Token ids to text (ids outside the tokenizer's vocabulary are dropped)."""
-        tok = self.tokenizer
-        if tok is None:
-            return ""
-        n = len(tok)
-        return tok.decode([t for t in token_ids if 0 <= t < n], skip_special_tokens=skip_special_tokens)
 
     def begin_shutdown(self) -> None:
         """Refuse new requests and abort the ones in flight (their streams end with "abort")."""
@@ -187,6 +196,10 @@ class AsyncLLM:
         detokenized incrementally (``delta_text``), whether the client streams or not.
         """
         self.check_usable()
+        waiting = self._worker.num_waiting
+        if self.max_num_waiting is not None and waiting + params.n > self.max_num_waiting:
+            raise EngineOverloadedError(f"{waiting} sequences are waiting for the engine (at most "
+                                        f"{self.max_num_waiting}): try again later")
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -240,3 +253,4 @@ class AsyncLLM:
             rs._queue.put_nowait(err)
         self._streams.clear()
         self._ready_event.set()
+        self._dead_event.set()

@@ -29,6 +29,10 @@ class EngineDeadError(RuntimeError):
     """The engine loop failed; no request can run any more (HTTP 503)."""
 
 
+class EngineOverloadedError(RuntimeError):
+    """Too many sequences are waiting for the engine already: try again later (HTTP 429)."""
+
+
 class EngineLoop:
     """Runs ``engine = factory()`` and then the step loop on a daemon thread.
 
@@ -46,14 +50,24 @@ class EngineLoop:
         self.ready = threading.Event()
         self._commands: queue.Queue = queue.Queue()
         self._live: set[str] = set()  # requests in the engine (for the abort statistics)
+        self._queued_seqs = 0  # sequences of "add" commands not yet run (written by both threads)
+        self._queued_lock = threading.Lock()
+        self.engine_waiting = 0  # sequences the scheduler had waiting after the latest step
         self._thread = threading.Thread(target=self._run, name="minivllm-engine-loop", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting for the engine: queued adds plus the scheduler's waiting queue."""
+        return self._queued_seqs + self.engine_waiting
+
     def add(self, request_id: str, prompt, params) -> concurrent.futures.Future:
         """Queue an ``engine.add_request``; the future gets its result or its ValueError."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._queued_lock:
+            self._queued_seqs += params.n
         self._commands.put(("add", request_id, prompt, params, fut))
         if self.error is not None:  # the loop is gone: nobody else will answer
             self._fail_commands()
@@ -109,6 +123,8 @@ class EngineLoop:
                 return None
             if cmd[0] == "add":
                 _, request_id, prompt, params, fut = cmd
+                with self._queued_lock:
+                    self._queued_seqs -= params.n
                 try:
                     # NOTE: every online request reports each step (metrics, aborts), streamed or not
                     self.engine.add_request(prompt, params, request_id=request_id, stream=True, strict_length=True)
@@ -117,6 +133,7 @@ class EngineLoop:
                     continue
                 fut.set_result(request_id)
                 self._live.add(request_id)
+                self.engine_waiting += params.n  # NOTE: until the next step's statistics say exactly
             elif cmd[0] == "abort":
                 self.engine.abort_request(cmd[1])
                 if cmd[1] in self._live:
@@ -125,6 +142,7 @@ class EngineLoop:
             changed = True
 
     def _publish(self, outputs: list[RequestOutput], stats: StepStats) -> None:
+        self.engine_waiting = stats.num_waiting
         for out in outputs:
             if out.finished:
                 self._live.discard(out.request_id)

@@ -59,6 +59,11 @@ class LLMEngine(GenerateMixin):
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"prompt is not valid Unicode text (a lone UTF-16 surrogate at character "
+                                 f"{exc.start})") from None
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return None, list(prompt)
@@ -69,14 +74,14 @@ class LLMEngine(GenerateMixin):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if not token_ids:
             raise ValueError("the prompt is empty: it must have at least one token")
-        vocab = self.config.model_config.arch.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
         max_len = self.config.model_config.max_model_len
-        if len(token_ids) >= max_len:
+        if len(token_ids) >= max_len:  # NOTE: before the walk over the ids below
             raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is {max_len}: "
                              f"it must be shorter to leave room for at least one generated token")
+        vocab = self.config.model_config.arch.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
         if params.max_tokens is not None and params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
         if params.temperature < 0:

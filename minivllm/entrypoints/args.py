@@ -1,4 +1,8 @@
-"""Engine flags for the command line, generated from the ``Config`` fields (one flag per engine argument)."""
+"""Command-line flags generated from config dataclasses: one flag per field declared with ``arg()``.
+
+The engine's flags come from the ``Config`` sub-configs (``--max-num-seqs``), the server's from
+``ServerConfig`` (``--api-key``); a field's help, choices and default make its flag's.
+"""
 
 from __future__ import annotations
 
@@ -10,36 +14,51 @@ from minivllm.config.fields import engine_arg_fields
 _TYPES = {"int": int, "float": float, "str": str}
 
 
-def engine_flags() -> list[tuple[str, str, object, dict]]:
-    """``(flag, engine argument, type, field metadata)`` of every engine argument; type None: a boolean."""
+def flags_of(*classes) -> list[tuple[str, str, object, dict]]:
+    """``(flag, field, type, field metadata + its default)`` of every ``arg()`` field of ``classes``; type None
+    is a boolean, ``list`` a repeatable flag."""
     out = []
-    for cls in SUB_CONFIGS.values():
+    for cls in classes:
         for f in engine_arg_fields(cls):
             base = str(f.type).split(" | ")[0]
-            out.append(("--" + f.name.replace("_", "-"), f.name, None if base == "bool" else _TYPES[base],
-                        {**f.metadata, "default": f.default}))
+            typ = None if base == "bool" else list if base.startswith("list[") else _TYPES[base]
+            out.append(("--" + f.name.replace("_", "-"), f.name, typ, {**f.metadata, "default": f.default}))
     return out
 
 
-def add_engine_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
-    """One flag per engine argument (every default None = "the engine's default"); booleans get ``--no-X``."""
-    group = parser.add_argument_group("engine")
-    for flag, name, typ, meta in engine_flags():
+def engine_flags() -> list[tuple[str, str, object, dict]]:
+    """The flags of every engine argument."""
+    return flags_of(*SUB_CONFIGS.values())
+
+
+def add_flags(parser: argparse.ArgumentParser, flags, title: str, exclude: tuple[str, ...] = ()) -> None:
+    """Add ``flags`` (from :func:`flags_of`) as a group; every default is None = "the config's default"."""
+    group = parser.add_argument_group(title)
+    for flag, name, typ, meta in flags:
         if name in exclude:
             continue
         kw = dict(dest=name, default=None, help=meta["help"])
         if typ is None:  # NOTE: a switch that is off by default has no --no- form (vLLM's --enforce-eager)
             action = "store_true" if meta.get("default") is False else argparse.BooleanOptionalAction
             group.add_argument(flag, action=action, **kw)
+        elif typ is list:
+            group.add_argument(flag, action="append", **kw)
         else:
             group.add_argument(flag, type=typ, choices=meta.get("choices"), **kw)
+
+
+def add_engine_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """One flag per engine argument; booleans get ``--no-X`` where they are on by default."""
+    add_flags(parser, engine_flags(), "engine", exclude)
     if "tensor_parallel_size" not in exclude:
-        group.add_argument("-tp", dest="tensor_parallel_size", type=int, default=None, help=argparse.SUPPRESS)
+        parser.add_argument("-tp", dest="tensor_parallel_size", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def kwargs_of(args: argparse.Namespace, flags) -> dict:
+    """The fields of ``flags`` that the user set on the command line."""
+    return {name: getattr(args, name) for _, name, _, _ in flags if getattr(args, name, None) is not None}
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """The engine arguments the user set on the command line."""
-    return {name: getattr(args, name) for _, name, _, _ in engine_flags() if getattr(args, name, None) is not None}
-
-
-__all__ = ["add_engine_args", "engine_flags", "engine_kwargs"]
+    return kwargs_of(args, engine_flags())

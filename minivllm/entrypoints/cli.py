@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from minivllm.entrypoints.args import add_engine_args, engine_kwargs
+from minivllm.entrypoints.args import add_engine_args, add_flags, engine_kwargs, flags_of
 
 
 def _add_model(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def check_model(args: argparse.Namespace) -> str:
 
 def _serve(args: argparse.Namespace) -> int:
     check_model(args)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
+    logging.basicConfig(level=getattr(logging, (args.log_level or "info").upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from minivllm.entrypoints.openai.api_server import run_server
 
@@ -63,10 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="start the OpenAI-compatible server")
     _add_model(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--served-model-name", default=None, help="the model name clients use (default: MODEL)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from minivllm.entrypoints.openai.server_config import ServerConfig
+
+    add_flags(serve, flags_of(ServerConfig), "server")
     serve.set_defaults(func=_serve)
 
     gen = sub.add_parser("generate", help="generate a completion of a prompt and print it")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import sys
 import threading
 import time
 import uuid
@@ -37,6 +38,19 @@ from minivllm.worker.tp_worker import (
 
 _START_TIMEOUT_S = 300.0  # spawn + imports of a worker
 _EXIT_TIMEOUT_S = 10.0  # graceful exit before terminate, then kill
+#: the exit code of a worker that started an engine while importing the user's script (no __main__ guard)
+EXIT_NO_MAIN_GUARD = 78
+NO_MAIN_GUARD = ("the script that builds the engine runs again in every tensor-parallel worker process (they "
+                 "start with the spawn method, which imports it), so build the engine under "
+                 "`if __name__ == \"__main__\":`")
+
+
+def _exit_if_importing_main() -> None:
+    """In a spawned worker that is still importing the user's script (which builds an engine at import time):
+    say why and exit with ``EXIT_NO_MAIN_GUARD``, instead of multiprocessing's bootstrapping error."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        print(f"minivllm: {NO_MAIN_GUARD}", file=sys.stderr, flush=True)
+        os._exit(EXIT_NO_MAIN_GUARD)
 
 
 class MultiProcExecutor:
@@ -50,6 +64,7 @@ class MultiProcExecutor:
         from minivllm.worker.cpu_threads import set_cpu_threads
         from minivllm.worker.model_runner import ModelRunner, device_for_rank
 
+        _exit_if_importing_main()
         self.config = config
         self.runner = None
         self.group = None  # rank 0's TPGroup
@@ -170,8 +185,10 @@ class MultiProcExecutor:
             p.join(1.0)
         # NOTE: peers of a dead rank may fail and exit with it; blame a signal-killed one first
         proc = min(dead, key=lambda p: (p.exitcode is None or p.exitcode >= 0, self.procs.index(p)))
-        self._fail(f"tensor-parallel worker rank {self.procs.index(proc) + 1} died "
-                   f"(exit code {proc.exitcode}); the engine cannot continue")
+        rank = self.procs.index(proc) + 1
+        if proc.exitcode == EXIT_NO_MAIN_GUARD:
+            return self._fail(f"tensor-parallel worker rank {rank} could not start: {NO_MAIN_GUARD}")
+        self._fail(f"tensor-parallel worker rank {rank} died (exit code {proc.exitcode}); the engine cannot continue")
 
     def _fail(self, message: str) -> None:
         """Record the first failure, kill the workers left, abort an NCCL group (pending collectives return)."""

@@ -2,7 +2,9 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``. Every error is
-answered in OpenAI's ``{"error": {...}}`` shape (400 for bad input, pydantic's included).
+answered in OpenAI's ``{"error": {...}}`` shape: 400 for bad input (pydantic's included), 401 without a
+valid API key, 413 for a body over the cap, 429 when too many sequences wait, 503 while the engine
+loads or after it failed (the server then exits non-zero, for a supervisor to restart it).
 """
 
 from __future__ import annotations
@@ -15,76 +17,81 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minivllm.engine.async_engine import AsyncLLM, EngineDeadError, EngineNotReadyError
+from minivllm.engine.async_engine import AsyncLLM, EngineDeadError, EngineNotReadyError, EngineOverloadedError
 from minivllm.entrypoints.openai import protocol as P
-from minivllm.entrypoints.openai.errors import APIError, error_response
+from minivllm.entrypoints.openai.errors import APIError, error_json
+from minivllm.entrypoints.openai.guards import RequestGuard, guarded_h11
+from minivllm.entrypoints.openai.inputs import RequestLimits
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
+from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body
+from minivllm.entrypoints.openai.server_config import ServerConfig
 from minivllm.entrypoints.openai.serving import OpenAIServing
 
 logger = logging.getLogger("minivllm.server")
 
 
-def _error(exc: Exception) -> JSONResponse:
-    status, body = error_response(exc)
-    return JSONResponse(body, status_code=status)
-
-
-def _validation_error(exc: RequestValidationError) -> JSONResponse:
+def _validation_error(exc: RequestValidationError):
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
-        return _error(APIError(400, f"the request body is not valid JSON: {errors[0].get('ctx', {}).get('error', '')}"
-                               .rstrip(": ")))
+        return error_json(APIError(400, f"the request body is not valid JSON: "
+                                        f"{errors[0].get('ctx', {}).get('error', '')}".rstrip(": ")))
 
     def where(e) -> str:
         return ".".join(str(x) for x in e.get("loc", ()) if x != "body")
 
     msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')}" for e in errors[:5])
-    return _error(APIError(400, msg or "invalid request", param=(where(errors[0]) or None) if errors else None))
+    return error_json(APIError(400, msg or "invalid request", param=(where(errors[0]) or None) if errors else None))
 
 
-def build_app(async_llm: AsyncLLM, served_model_name: str) -> FastAPI:
-    """The FastAPI app; its lifespan starts the engine loop and shuts it down."""
+def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig | None = None) -> FastAPI:
+    """The FastAPI app (``RequestGuard`` in front of its routes); its lifespan starts the engine loop and shuts
+    it down."""
+    config = config or ServerConfig()
     stats = PrometheusStatLogger(served_model_name)
     async_llm.stat_loggers.append(stats)
-    serving = OpenAIServing(async_llm, served_model_name)
+    limits = RequestLimits(config.max_n, config.max_logprobs, config.max_stop_strings, config.max_stop_string_chars)
+    serving = OpenAIServing(async_llm, served_model_name, limits)
     created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async_llm.start()
-        watcher = asyncio.create_task(_watch_startup(app, async_llm))
+        watcher = asyncio.create_task(_watch_engine(app, async_llm))
         yield
         watcher.cancel()
         await async_llm.shutdown()
 
     app = FastAPI(title="minivllm", lifespan=lifespan)
     app.state.async_llm, app.state.stats, app.state.served_model_name = async_llm, stats, served_model_name
-    app.state.on_startup_failure = None
+    app.state.on_engine_failure = None
 
     async def on_validation_error(request: Request, exc: RequestValidationError):
         return _validation_error(exc)
 
     async def on_http_error(request: Request, exc: StarletteHTTPException):
-        return _error(APIError(exc.status_code, str(exc.detail)))
+        return error_json(APIError(exc.status_code, str(exc.detail)))
 
     async def on_error(request: Request, exc: Exception):
-        return _error(exc)
+        return error_json(exc)
 
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
-    for cls in (APIError, ValueError, EngineNotReadyError, EngineDeadError, Exception):
+    # NOTE: the expected errors by class (Starlette re-raises what only the catch-all Exception handler took,
+    # for the server to log as a crash, and closes the connection)
+    for cls in (APIError, ValueError, EngineNotReadyError, EngineDeadError, EngineOverloadedError, Exception):
         app.add_exception_handler(cls, on_error)
 
-    @app.post("/v1/completions")
-    async def completions(body: P.CompletionRequest, raw: Request):
-        return await serving.completions(body, raw)
+    @app.post("/v1/completions", openapi_extra=body_schema(P.CompletionRequest))
+    async def completions(raw: Request):
+        return await serving.completions(await parse_body(raw, P.CompletionRequest), raw)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: P.ChatCompletionRequest, raw: Request):
-        return await serving.chat(body, raw)
+    @app.post("/v1/chat/completions", openapi_extra=body_schema(P.ChatCompletionRequest))
+    async def chat_completions(raw: Request):
+        return await serving.chat(await parse_body(raw, P.ChatCompletionRequest), raw)
 
     @app.get("/v1/models")
     async def models():
@@ -97,39 +104,56 @@ def build_app(async_llm: AsyncLLM, served_model_name: str) -> FastAPI:
     async def health():
         if async_llm.is_ready:
             return Response(status_code=200)
-        return _error(async_llm.error and EngineDeadError(f"the engine failed: {async_llm.error!r}")
-                      or _not_ready(async_llm))
+        return error_json(async_llm.error and EngineDeadError(f"the engine failed: {async_llm.error!r}")
+                          or _not_ready(async_llm))
 
     @app.get("/metrics")
     async def metrics():
         return Response(stats.render(), media_type=stats.content_type)
 
-    @app.post("/tokenize")
-    async def tokenize(body: P.TokenizeRequest):
+    @app.post("/tokenize", openapi_extra=body_schema(P.TokenizeRequest))
+    async def tokenize(raw: Request):
+        body = await parse_body(raw, P.TokenizeRequest)
         serving.check_model(body.model)
         async_llm.check_usable()
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of `prompt` and `messages`", param="prompt")
-        tok = async_llm.tokenizer
+        text = serving.tokenization
         if body.messages is not None:
-            ids = serving.chat_prompt(body.messages, body.add_generation_prompt)
+            ids = await text.chat(body.messages, body.add_generation_prompt)
         else:
-            ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-        strs = tok.convert_ids_to_tokens(ids) if body.return_token_strs else None
+            ids = await text.encode(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
+        strs = text.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": async_llm.max_model_len, "tokens": ids, "token_strs": strs}
 
-    @app.post("/detokenize")
-    async def detokenize(body: P.DetokenizeRequest):
+    @app.post("/detokenize", openapi_extra=body_schema(P.DetokenizeRequest))
+    async def detokenize(raw: Request):
+        body = await parse_body(raw, P.DetokenizeRequest)
         serving.check_model(body.model)
         async_llm.check_usable()
         vocab = len(async_llm.tokenizer)
-        bad = [t for t in body.tokens if not 0 <= t < vocab]
-        if bad:
-            raise APIError(400, f"token id {bad[0]} is outside the tokenizer's vocabulary [0, {vocab})",
-                           param="tokens")
-        return {"prompt": async_llm.decode(body.tokens, skip_special_tokens=False)}
+        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside the tokenizer's vocabulary [0, {vocab})", param="tokens")
+        return {"prompt": await serving.tokenization.decode(body.tokens, skip_special_tokens=False)}
 
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            app.openapi_schema = add_schemas(doc, [P.CompletionRequest, P.ChatCompletionRequest,
+                                                   P.TokenizeRequest, P.DetokenizeRequest])
+        return app.openapi_schema
+
+    app.openapi = openapi
+    app.add_middleware(RequestGuard, api_keys=list(config.api_key) + list(_env_api_keys()),
+                       max_body_bytes=config.max_body_bytes)
     return app
+
+
+def _env_api_keys() -> tuple[str, ...]:
+    from minivllm.envs import read_envs
+
+    return read_envs().api_keys
 
 
 def _not_ready(async_llm: AsyncLLM) -> Exception:
@@ -140,27 +164,30 @@ def _not_ready(async_llm: AsyncLLM) -> Exception:
     return RuntimeError("not ready")  # pragma: no cover
 
 
-async def _watch_startup(app: FastAPI, async_llm: AsyncLLM) -> None:
-    """Log when the engine is ready; if building it failed, ask the server to exit."""
+async def _watch_engine(app: FastAPI, async_llm: AsyncLLM) -> None:
+    """Log when the engine is ready; when building or running it fails, ask the server to exit."""
     try:
         await async_llm.wait_ready()
+        logger.info("engine ready: serving %s", app.state.served_model_name)
+        error = await async_llm.wait_dead()
+        logger.error("the engine failed: %r; the server exits", error)
     except EngineDeadError as exc:
         logger.error("%s", exc)
-        if app.state.on_startup_failure is not None:
-            app.state.on_startup_failure()
-        return
-    logger.info("engine ready: serving %s", app.state.served_model_name)
+    if app.state.on_engine_failure is not None:
+        app.state.on_engine_failure()
 
 
 def run_server(args) -> int:
-    """Serve until SIGINT/SIGTERM; returns the exit code (0 after a graceful shutdown)."""
+    """Serve until SIGINT/SIGTERM; returns the exit code (0 after a graceful shutdown, 1 if the engine failed)."""
     import uvicorn
 
     from minivllm.entrypoints.args import engine_kwargs
 
-    name = args.served_model_name or args.model
-    async_llm = AsyncLLM.from_model(args.model, **engine_kwargs(args))
-    app = build_app(async_llm, name)
+    config = ServerConfig(**{k: v for k, v in vars(args).items() if k in ServerConfig.__dataclass_fields__
+                             and v is not None})
+    name = config.served_model_name or args.model
+    async_llm = AsyncLLM.from_model(args.model, max_num_waiting=config.max_num_waiting, **engine_kwargs(args))
+    app = build_app(async_llm, name, config)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # stop accepting, and end the streams in flight now
@@ -169,10 +196,11 @@ def run_server(args) -> int:
             if loop is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(async_llm.begin_shutdown)
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=10, access_log=args.log_level == "debug")
-    server = Server(config)
-    app.state.on_startup_failure = lambda: setattr(server, "should_exit", True)
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                               timeout_graceful_shutdown=10, access_log=config.log_level == "debug",
+                               http=guarded_h11(config.request_timeout_s), timeout_keep_alive=config.timeout_keep_alive)
+    server = Server(uv_config)
+    app.state.on_engine_failure = lambda: setattr(server, "should_exit", True)
     # uvicorn re-raises the signal it caught once it is done; let that be a no-op so we exit 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_serializer
 
 from minivllm.sampling_params import SamplingParams
 
@@ -20,6 +20,7 @@ class SamplingRequest(BaseModel):
 
     model: str | None = None
     n: int = 1
+    best_of: int | None = None  # accepted when equal to n
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None
@@ -62,7 +63,9 @@ class SamplingRequest(BaseModel):
 class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``: prompt as text, texts, token ids or lists of token ids."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # NOTE: tried left to right, strict ints first: a list of a million ids validates in milliseconds, and a
+    # list of digit strings stays text
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]] = Field(union_mode="left_to_right")
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None

@@ -11,6 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 from minivllm.engine.async_engine import AsyncLLM, RequestStream
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai.errors import APIError
+from minivllm.entrypoints.openai.inputs import RequestLimits, Tokenization
 from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
 
 
@@ -23,10 +24,19 @@ def json_response(obj) -> Response:
 
 
 class OpenAIServing:
-    """Serves ``/v1/completions`` and ``/v1/chat/completions`` on an AsyncLLM."""
+    """Serves ``/v1/completions`` and ``/v1/chat/completions`` on an AsyncLLM (once its engine is ready)."""
 
-    def __init__(self, llm: AsyncLLM, model_name: str):
-        self.llm, self.model_name = llm, model_name
+    def __init__(self, llm: AsyncLLM, model_name: str, limits: RequestLimits = RequestLimits()):
+        self.llm, self.model_name, self.limits = llm, model_name, limits
+        self._tokenization: Tokenization | None = None
+
+    @property
+    def tokenization(self) -> Tokenization:
+        """The engine's tokenizer, used off the event loop (made when the engine is ready)."""
+        if self._tokenization is None:
+            self.llm.check_usable()
+            self._tokenization = Tokenization(self.llm.tokenizer, self.llm.max_model_len)
+        return self._tokenization
 
     def check_model(self, model: str | None) -> None:
         """404 unless ``model`` is the served name (or omitted)."""
@@ -34,19 +44,17 @@ class OpenAIServing:
             raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
     def token_str(self, token_id: int) -> str:
-        return self.llm.decode([token_id], skip_special_tokens=False)
+        return self.tokenization.decode_now([token_id], skip_special_tokens=False)
 
-    def chat_prompt(self, messages: list[P.ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        """Render the messages with the tokenizer's chat template and tokenize the result."""
-        tok = self.llm.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template: use /v1/completions")
-        msgs = [m.to_template() for m in messages]
-        try:
-            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
-        except Exception as exc:
-            raise ValueError(f"the chat template failed on these messages: {exc}") from exc
-        return tok.encode(text, add_special_tokens=False)
+    async def prompt_ids(self, prompt: str | list[int], field: str = "prompt") -> list[int]:
+        """A prompt as token ids: text is tokenized off the event loop; ids longer than the model's context are
+        refused here, before the engine walks them."""
+        if isinstance(prompt, str):
+            return await self.tokenization.encode(prompt, field)
+        if len(prompt) >= self.llm.max_model_len:
+            raise APIError(400, f"the prompt has {len(prompt)} tokens, but max_model_len is "
+                                f"{self.llm.max_model_len}: it must be shorter", param=field)
+        return prompt
 
     async def _start(self, prompts: list, params, base_id: str) -> list[RequestStream]:
         streams: list[RequestStream] = []
@@ -67,12 +75,14 @@ class OpenAIServing:
             else list(req.prompt)
         if not prompts:
             raise APIError(400, "prompt must not be empty", param="prompt")
+        self.limits.check(req, req.logprobs, "logprobs")
         if req.echo and req.logprobs is not None:
             raise APIError(400, "echo together with logprobs (prompt logprobs) is not supported", param="echo")
         params = req.to_sampling_params(req.max_tokens, req.logprobs)
+        ids = [await self.prompt_ids(p) for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
-        streams = await self._start(prompts, params, rid)
-        echo = [(p if isinstance(p, str) else self.llm.decode(p)) if req.echo else "" for p in prompts]
+        echo = [(p if isinstance(p, str) else await self.tokenization.decode(p)) if req.echo else "" for p in prompts]
+        streams = await self._start(ids, params, rid)
         if req.stream:
             return StreamingResponse(guarded(self._completion_stream(req, rid, streams, echo)),
                                      media_type="text/event-stream")
@@ -133,11 +143,12 @@ class OpenAIServing:
     async def chat(self, req: P.ChatCompletionRequest, raw: Request):
         self.check_model(req.model)
         self.llm.check_usable()
-        ids = self.chat_prompt(req.messages, req.add_generation_prompt)
+        k = (req.top_logprobs or 0) if req.logprobs else None
+        self.limits.check(req, req.top_logprobs if req.top_logprobs is not None else k, "top_logprobs")
+        ids = await self.tokenization.chat(req.messages, req.add_generation_prompt)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
             max_tokens = max(1, self.llm.max_model_len - len(ids))
-        k = (req.top_logprobs or 0) if req.logprobs else None
         params = req.to_sampling_params(max_tokens, k)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self._start([ids], params, rid)

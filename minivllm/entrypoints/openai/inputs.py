@@ -1,0 +1,101 @@
+"""A request's inputs, checked and turned into token ids off the event loop.
+
+``RequestLimits`` caps what one request may ask for (``n``, ``best_of``, logprobs, stop strings: a 400 naming
+the field beyond them). Tokenization and chat templating run in a worker thread; a text that cannot fit in
+``max_model_len`` tokens whatever the tokenizer does (more characters than the longest token times
+``max_model_len``) is refused before any of it is tokenized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from minivllm.entrypoints.openai import protocol as P
+from minivllm.entrypoints.openai.errors import APIError
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The per-request caps of ``ServerConfig``."""
+
+    max_n: int = 128
+    max_logprobs: int = 20
+    max_stop_strings: int = 16
+    max_stop_string_chars: int = 256
+
+    def check(self, req: P.SamplingRequest, logprobs: int | None, logprobs_field: str) -> None:
+        """A 400 naming the field for a request over a cap."""
+        if not 1 <= req.n <= self.max_n:
+            raise APIError(400, f"n must be an integer in [1, {self.max_n}], got {req.n}", param="n")
+        if req.best_of is not None:
+            if not req.n <= req.best_of <= self.max_n:
+                raise APIError(400, f"best_of must be an integer in [n, {self.max_n}], got {req.best_of}",
+                               param="best_of")
+            if req.best_of != req.n:
+                raise APIError(400, "best_of other than n is not supported", param="best_of")
+        if logprobs is not None and not 0 <= logprobs <= self.max_logprobs:
+            raise APIError(400, f"{logprobs_field} must be an integer in [0, {self.max_logprobs}], got {logprobs}",
+                           param=logprobs_field)
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if len(stop) > self.max_stop_strings:
+            raise APIError(400, f"at most {self.max_stop_strings} stop strings are allowed, got {len(stop)}",
+                           param="stop")
+        if any(len(s) > self.max_stop_string_chars for s in stop):
+            raise APIError(400, f"a stop string may have at most {self.max_stop_string_chars} characters",
+                           param="stop")
+
+
+class Tokenization:
+    """The server's tokenizer work, in a worker thread; ``max_token_chars`` bounds how many characters one
+    token can stand for, so a text longer than ``max_model_len`` such tokens is refused untokenized."""
+
+    def __init__(self, tokenizer, max_model_len: int):
+        self.tokenizer, self.max_model_len = tokenizer, max_model_len
+        # NOTE: byte-level BPE and SentencePiece tokens decode to at most as many characters as their vocabulary
+        # entry has; added tokens are their text
+        self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) if tokenizer else 1
+
+    def _require(self) -> None:
+        if self.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer: send prompts as lists of token ids", param="prompt")
+
+    def _check_length(self, chars: int, field: str) -> None:
+        if chars > self.max_model_len * self.max_token_chars:
+            raise APIError(400, f"{field} has {chars} characters, more than max_model_len ({self.max_model_len}) "
+                                f"tokens can hold", param=field)
+
+    async def encode(self, text: str, field: str = "prompt", add_special_tokens: bool = True) -> list[int]:
+        self._require()
+        self._check_length(len(text), field)
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
+    async def chat(self, messages: list[P.ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        """The messages rendered with the tokenizer's chat template, tokenized."""
+        self._require()
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions",
+                           param="messages")
+        msgs = [m.to_template() for m in messages]
+        self._check_length(sum(len(str(m.get("content", ""))) for m in msgs), "messages")
+        return await asyncio.to_thread(self._render, msgs, add_generation_prompt)
+
+    def _render(self, msgs: list[dict], add_generation_prompt: bool) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+        except Exception as exc:  # a template raises what its author chose: the client's messages are at fault
+            raise APIError(400, f"the chat template failed on these messages: {exc}", param="messages") from exc
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Token ids to text (ids outside the tokenizer's vocabulary are dropped)."""
+        if len(token_ids) < 256:  # NOTE: short ones cost less than a thread
+            return self.decode_now(token_ids, skip_special_tokens)
+        return await asyncio.to_thread(self.decode_now, token_ids, skip_special_tokens)
+
+    def decode_now(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """:meth:`decode` on this thread (for a few tokens)."""
+        if self.tokenizer is None:
+            return ""
+        n = len(self.tokenizer)
+        return self.tokenizer.decode([t for t in token_ids if 0 <= t < n], skip_special_tokens=skip_special_tokens)

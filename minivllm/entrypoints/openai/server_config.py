@@ -1,0 +1,49 @@
+"""The server's own settings (the engine's are ``Config``'s): where it listens, who may call it, how much one
+request may ask for, and how long a client may take to send one. Each field is a ``minivllm serve`` flag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minivllm.config.fields import arg, at_least, check_types
+
+
+@dataclass
+class ServerConfig:
+    """Validated server settings; the defaults are OpenAI's limits where it has one."""
+
+    host: str = arg("127.0.0.1", "address to listen on")
+    port: int = arg(8000, "port to listen on")
+    served_model_name: str | None = arg(None, "the model name clients use (default: MODEL as given)")
+    api_key: list[str] = field(default_factory=list, metadata={
+        "help": "require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (repeat for several "
+                "keys; MINIVLLM_API_KEY adds comma-separated ones); /health and /metrics stay open"})
+    max_num_waiting: int = arg(1024, "sequences that may wait for the engine (queued, not yet generating); "
+                                     "a request beyond them gets 429 with Retry-After")
+    max_n: int = arg(128, "largest n (and best_of) of one request")
+    max_logprobs: int = arg(20, "largest logprobs / top_logprobs of one request")
+    max_stop_strings: int = arg(16, "most stop strings of one request")
+    max_stop_string_chars: int = arg(256, "longest stop string, in characters")
+    max_body_bytes: int = arg(4 << 20, "largest request body (JSON is parsed in one go, holding Python's lock: "
+                                       "4 MiB parse in ~50 ms); a larger one gets 413 without being read")
+    request_timeout_s: float = arg(30.0, "seconds a client may take to send a request's headers and body; a "
+                                         "slower connection is closed (408)")
+    timeout_keep_alive: int = arg(5, "seconds an idle keep-alive connection stays open")
+    log_level: str = arg("info", "log level", choices=("debug", "info", "warning", "error"))
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65536), got {self.port}")
+        for name in ("max_num_waiting", "max_n", "max_stop_string_chars", "max_body_bytes", "timeout_keep_alive"):
+            at_least(name, getattr(self, name), 1)
+        if not 0 <= self.max_logprobs <= 20:
+            raise ValueError(f"max_logprobs must be in [0, 20] (the sampler's limit), got {self.max_logprobs}")
+        at_least("max_stop_strings", self.max_stop_strings, 0)
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.max_num_waiting < self.max_n:
+            raise ValueError(f"max_num_waiting ({self.max_num_waiting}) must be >= max_n ({self.max_n}): a request "
+                             f"of n sequences must be able to wait")
+        if any(not isinstance(k, str) or not k for k in self.api_key):
+            raise ValueError("api_key must be non-empty strings")
