@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class Logprob(NamedTuple):
+    """A prompt token's (or an alternative's) logprob and its 1-based rank in the distribution."""
+
+    logprob: float
+    rank: int
 
 
 @dataclass
@@ -35,6 +43,8 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finished_time: float | None = None
+    # with SamplingParams.prompt_logprobs: per prompt token {its id: Logprob, top-k ids: Logprob}; None for the first
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     def to_dict(self) -> dict:
         """The ``LLM.generate`` result: the first completion's text and ids, plus all completions."""
@@ -42,6 +52,8 @@ class RequestOutput:
         d = {"text": first.text, "token_ids": list(first.token_ids), "finish_reason": first.finish_reason}
         if first.logprobs is not None:
             d["logprobs"] = first.logprobs
+        if self.prompt_logprobs is not None:
+            d["prompt_logprobs"] = self.prompt_logprobs
         if len(self.outputs) > 1:
             d["outputs"] = [{"text": o.text, "token_ids": list(o.token_ids), "finish_reason": o.finish_reason,
                              **({"logprobs": o.logprobs} if o.logprobs is not None else {})}

@@ -34,7 +34,14 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
     _stop: list[str] = field(default_factory=list, init=False, repr=False)
+    #: the token ids of each bad word (with and without a leading space), set by the engine's tokenizer
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_types(self)  # NOTE: first: a wrong type gets a ValueError naming the parameter, not a TypeError
@@ -74,6 +81,35 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         self.stop_token_ids = ids
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise ValueError(f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs!r}")
+        self._check_token_edits()
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
+            raise ValueError(f"truncate_prompt_tokens must be an integer >= 1, got {self.truncate_prompt_tokens}")
+
+    def _check_token_edits(self) -> None:
+        """``logit_bias`` ({token id: bias in [-100, 100]}), ``allowed_token_ids`` and ``bad_words``."""
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a dict of token id to bias, got {type(self.logit_bias).__name__}")
+            bias = {}
+            for k, v in self.logit_bias.items():
+                if not _is_int(k) or k < 0:
+                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
+                if not _is_real(v) or not -100.0 <= v <= 100.0:
+                    raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {k}")
+                bias[int(k)] = float(v)
+            self.logit_bias = bias or None
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not isinstance(ids, (list, tuple)) or not ids or any(not _is_int(t) or t < 0 for t in ids):
+                raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}")
+            self.allowed_token_ids = [int(t) for t in ids]
+        if self.bad_words is not None:
+            words = self.bad_words
+            if not isinstance(words, (list, tuple)) or any(not isinstance(w, str) or not w.strip() for w in words):
+                raise ValueError(f"bad_words must be a list of non-blank strings, got {words!r}")
+            self.bad_words = list(words) or None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -85,5 +121,24 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
+    def edits_logits(self) -> bool:
+        """Whether ``logit_bias``, ``allowed_token_ids`` or ``bad_words`` change the row's logits."""
+        return bool(self.logit_bias or self.allowed_token_ids or self.bad_words)
+
+    @property
+    def needs_output_tokens(self) -> bool:
+        """Whether sampling reads the values of the tokens generated so far (penalties, bad words of more
+        than one token)."""
+        return self.has_penalties or any(len(w) > 1 for w in self.bad_words_token_ids)
+
+    @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

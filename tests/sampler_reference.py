@@ -30,6 +30,18 @@ def filtered_probs(
     """
     x = logits_row.detach().to("cpu", torch.float64).clone()
     V = x.numel()
+    if params.allowed_token_ids:
+        keep = set(params.allowed_token_ids)
+        for t in range(V):
+            if t not in keep:
+                x[t] = -math.inf
+    for t, bias in (params.logit_bias or {}).items():
+        if t < V:
+            x[t] += bias
+    out = list(output_token_ids)
+    for word in params.bad_words_token_ids:
+        if len(word) == 1 or out[len(out) - len(word) + 1:] == word[:-1] and len(out) >= len(word) - 1:
+            x[word[-1]] = -math.inf
     if len(output_token_ids) < params.min_tokens:
         banned = set(params.stop_token_ids or ())
         if not params.ignore_eos:

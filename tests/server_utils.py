@@ -42,7 +42,7 @@ class SimpleServer:
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
-            if (m["minivllm_num_requests_running{}"] == 0 and m["minivllm_num_requests_waiting{}"] == 0
+            if (m["vllm:num_requests_running{}"] == 0 and m["vllm:num_requests_waiting{}"] == 0
                     and m["minivllm_kv_cache_blocks_used{}"] == 0):
                 return m
             assert time.monotonic() < deadline, f"server not idle: {m}"

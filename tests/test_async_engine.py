@@ -112,9 +112,9 @@ def test_stream_deltas_and_metrics():
     assert [o.finished for o in outs] == [False, False, False, True]
     assert engine.closed and len(engine.thread_ids) == 1 and threading.get_ident() not in engine.thread_ids
     samples = {s.name: s.value for f in text_string_to_metric_families(stats.render().decode()) for s in f.samples}
-    assert samples["minivllm_generation_tokens_total"] == 4 and samples["minivllm_prompt_tokens_total"] == 2
-    assert samples["minivllm_e2e_request_latency_seconds_count"] == 1
-    assert samples["minivllm_inter_token_latency_seconds_count"] == 3
+    assert samples["vllm:generation_tokens_total"] == 4 and samples["vllm:prompt_tokens_total"] == 2
+    assert samples["vllm:e2e_request_latency_seconds_count"] == 1
+    assert samples["vllm:inter_token_latency_seconds_count"] == 3
 
 
 def test_bad_request_raises_and_engine_keeps_serving():
@@ -251,7 +251,8 @@ def test_app_on_fake_engine_answers_503_while_loading_and_after_failure():
             time.sleep(0.01)
         ok = client.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 1}).json()
         assert ok["choices"][0]["text"] == "a" and ok["usage"] == {"prompt_tokens": 2, "completion_tokens": 1,
-                                                                   "total_tokens": 3}
+                                                                   "total_tokens": 3,
+                                                                   "prompt_tokens_details": {"cached_tokens": 0}}
         r = client.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 5, "stream": True})
         events = [e for e in r.text.split("\n\n") if e]
         assert r.status_code == 200 and events[-1] == "data: [DONE]"

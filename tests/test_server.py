@@ -125,15 +125,15 @@ def test_concurrent_streams_share_engine_steps(server):
 
 
 def test_client_disconnect_aborts_and_frees_kv_blocks(server):
-    aborted = server.wait_idle().get('minivllm_request_success_total{"finished_reason": "abort"}', 0)
+    aborted = server.wait_idle().get('vllm:request_success_total{"finished_reason": "abort"}', 0)
     body = {"model": NAME, "prompt": "def g(", "max_tokens": 480, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
     m = server.wait_idle()
-    assert m["minivllm_kv_cache_usage_perc{}"] == 0
-    assert m['minivllm_request_success_total{"finished_reason": "abort"}'] == aborted + 1
+    assert m["vllm:kv_cache_usage_perc{}"] == 0
+    assert m['vllm:request_success_total{"finished_reason": "abort"}'] == aborted + 1
 
 
 @pytest.mark.parametrize("body,status", [
@@ -168,12 +168,12 @@ def test_metrics_counters_move(server):
                                            extra_body={"ignore_eos": True})
     after = server.wait_idle()
     delta = {k: after[k] - before.get(k, 0) for k in after}
-    assert delta["minivllm_generation_tokens_total{}"] == out.usage.completion_tokens == 6
-    assert delta["minivllm_prompt_tokens_total{}"] == out.usage.prompt_tokens
+    assert delta["vllm:generation_tokens_total{}"] == out.usage.completion_tokens == 6
+    assert delta["vllm:prompt_tokens_total{}"] == out.usage.prompt_tokens
     for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
-        assert delta[f"minivllm_{name}_count{{}}"] == 1
-    assert delta["minivllm_inter_token_latency_seconds_count{}"] == 5
-    assert delta['minivllm_request_success_total{"finished_reason": "length"}'] == 1
+        assert delta[f"vllm:{name}_count{{}}"] == 1
+    assert delta["vllm:inter_token_latency_seconds_count{}"] == 5
+    assert delta['vllm:request_success_total{"finished_reason": "length"}'] == 1
     assert 0 <= after["minivllm_prefix_cache_hit_rate{}"] <= 1
 
 
@@ -215,7 +215,7 @@ def test_sigterm_aborts_streams_and_exits_zero(server):
     t = threading.Thread(target=stream)
     t.start()
     deadline = time.monotonic() + 20
-    while server.metrics()["minivllm_num_requests_running{}"] == 0:
+    while server.metrics()["vllm:num_requests_running{}"] == 0:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     server.proc.send_signal(signal.SIGTERM)

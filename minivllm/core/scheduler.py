@@ -173,14 +173,17 @@ class Scheduler:
             else:
                 num_decode += n
             seq.num_computed_tokens = start + n
+            prompt_lps = None
+            if seq.prompt_logprobs is not None and start + 1 < seq.num_prompt_tokens:
+                prompt_lps = (seq.prompt_logprobs, tuple(tokens[start + 1:min(start + n, seq.num_prompt_tokens - 1) + 1]))
             if start + n < num_tokens:
-                rows.append(_row((seq.seq_id, start, new, tables(seq.seq_id), prev_row, None, 0, None)))
+                rows.append(_row((seq.seq_id, start, new, tables(seq.seq_id), prev_row, None, 0, None, prompt_lps)))
                 continue
             params = seq.sampling_params
             penalty_ids = ((tuple(tokens[:seq.num_prompt_tokens]), tuple(tokens[seq.num_prompt_tokens:]))
-                           if params.has_penalties else None)
+                           if params.needs_output_tokens else None)
             row = _row((seq.seq_id, start, new, tables(seq.seq_id), prev_row, params,
-                        num_tokens - seq.num_prompt_tokens, penalty_ids))
+                        num_tokens - seq.num_prompt_tokens, penalty_ids, prompt_lps))
             rows.append(row)
             seq.append_placeholder(len(sampled))
             sampled.append(row)

@@ -14,8 +14,9 @@ from minivllm.sampling_params import SamplingParams
 class ScheduledSeq(NamedTuple):
     """One row of the step: a sequence computing ``len(token_ids)`` new tokens.
 
-    A sampled row (``params`` set) also carries what sampling needs; only rows with penalties carry token
-    values (``penalty_token_ids``: the prompt's and the output's), since only penalties read them.
+    A sampled row (``params`` set) also carries what sampling needs; only rows that read token
+    values (``penalty_token_ids``: the prompt's and the output's), since only penalties and bad words of
+    several tokens read them.
     """
 
     seq_id: int
@@ -26,6 +27,9 @@ class ScheduledSeq(NamedTuple):
     params: SamplingParams | None  # None: not sampled (a chunk of a prompt that goes on)
     num_output_tokens: int  # tokens generated before this step's (the seed's step, min_tokens)
     penalty_token_ids: tuple[tuple[int, ...], tuple[int, ...]] | None
+    # (k, targets): the row's new tokens at positions p with p + 1 < prompt length also give the logprob of
+    # prompt token p + 1 (``targets``, in order) and its k most likely alternatives; None: no prompt logprobs
+    prompt_logprobs: tuple[int, tuple[int, ...]] | None = None
 
     @property
     def sampled(self) -> bool:

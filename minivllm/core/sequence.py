@@ -37,7 +37,7 @@ class Sequence:
     """
 
     def __init__(self, seq_id: int, token_ids: list[int], sampling_params: SamplingParams | None = None,
-                 request_id: str | None = None):
+                 request_id: str | None = None, prompt_logprobs: int | None = None):
         if not token_ids:
             raise ValueError("a sequence needs at least one token")
         self.seq_id = seq_id
@@ -54,6 +54,9 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.num_pending_tokens = 0
         self.pending_row = -1
+        # NOTE: set on one sequence of a request that asks for prompt logprobs (the top-k count): its prompt is
+        # computed, never read from the prefix cache, and each chunk's logprobs reported
+        self.prompt_logprobs = prompt_logprobs
 
     def __len__(self) -> int:
         return len(self.token_ids)

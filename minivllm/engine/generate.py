@@ -7,7 +7,8 @@ from minivllm.sampling_params import SamplingParams
 
 
 class GenerateMixin:
-    """Adds ``generate`` to an engine with ``_tokenize``, ``_validate``, ``_add``, ``step`` and ``abort_request``."""
+    """Adds ``generate`` and ``chat`` to an engine with ``tokenizer``, ``_tokenize``, ``_validate``, ``_add``,
+    ``step`` and ``abort_request``."""
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[dict]:
@@ -21,7 +22,7 @@ class GenerateMixin:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
-        encoded = [self._tokenize(p) for p in prompts]
+        encoded = [self._tokenize(p, sp) for p, sp in zip(prompts, sampling_params)]
         for (_, ids), sp in zip(encoded, sampling_params):
             self._validate(ids, sp)
         ids = [self._add(text, tok, sp) for (text, tok), sp in zip(encoded, sampling_params)]
@@ -52,6 +53,29 @@ class GenerateMixin:
             if pbar is not None:
                 pbar.close()
         return [results[rid].to_dict() for rid in ids]
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | list[SamplingParams]
+             | None = None, use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[dict]:
+        """``generate`` on conversations (one, or a list of them) rendered by the chat template, as vLLM's
+        ``LLM.chat``: the tokenizer's template, or ``chat_template``, with ``chat_template_kwargs`` (such as
+        ``enable_thinking``). ``continue_final_message`` continues the last (assistant) message instead of
+        starting a new one."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer, and this checkpoint has none")
+        if not chat_template and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("chat_template is needed: this model's tokenizer has none")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message cannot be combined with add_generation_prompt=True")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        kwargs = dict(chat_template_kwargs or {})
+        if chat_template:
+            kwargs["chat_template"] = chat_template
+        prompts = [self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                      continue_final_message=continue_final_message, **kwargs)
+                   for c in conversations]
+        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
 
 
 class _ThroughputMeter:

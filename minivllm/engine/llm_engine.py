@@ -15,7 +15,7 @@ from minivllm.core.sequence import Sequence
 from minivllm.engine.detokenizer import IncrementalDetokenizer, special_token_ids
 from minivllm.engine.generate import GenerateMixin
 from minivllm.engine.request_state import RequestState
-from minivllm.engine.tokenizer import load_tokenizer
+from minivllm.engine.tokenizer import bad_words_token_ids, load_tokenizer
 from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
@@ -47,7 +47,7 @@ class LLMEngine(GenerateMixin):
         self._seq_to_request: dict[int, tuple[RequestState, int]] = {}
         # asynchronous scheduling: the launched step whose tokens are not on the host yet
         self._inflight: tuple[SchedulerOutput, object] | None = None
-        self._penalized: set[str] = set()  # live requests whose sampling reads their token values
+        self._penalized: set[str] = set()  # live requests whose sampling reads their token values (penalties)
         self._ids = count()
         self._seq_ids = count()
         # NOTE: a finalizer (not atexit.register(self.close)) so a dropped engine can be collected;
@@ -55,7 +55,14 @@ class LLMEngine(GenerateMixin):
         self._finalizer = weakref.finalize(self, self.executor.close)
 
     # ------------------------------------------------------------------ input
-    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: str | list[int], params: SamplingParams | None = None) -> tuple[str | None, list[int]]:
+        """``(text or None, token ids)`` of a prompt, cut to its last ``params.truncate_prompt_tokens`` (as vLLM)."""
+        text, ids = self._encode(prompt)
+        if params is not None and params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]
+        return text, ids
+
+    def _encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
@@ -82,6 +89,14 @@ class LLMEngine(GenerateMixin):
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
+            bad = next((t for t in ids if t >= vocab), None)
+            if bad is not None:
+                raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab})")
+        if params.bad_words and not params.bad_words_token_ids:
+            if self.tokenizer is None:
+                raise ValueError("bad_words needs a tokenizer, and this checkpoint has none")
+            params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         if params.max_tokens is not None and params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
         if params.temperature < 0:
@@ -96,7 +111,7 @@ class LLMEngine(GenerateMixin):
         plus ``max_tokens`` exceeds ``max_model_len``, instead of cutting it at that length.
         """
         params = sampling_params or SamplingParams()
-        text, token_ids = self._tokenize(prompt)
+        text, token_ids = self._tokenize(prompt, params)
         if strict_length and params.max_tokens is not None:
             total, limit = len(token_ids) + params.max_tokens, self.config.model_config.max_model_len
             if total > limit:
@@ -116,7 +131,8 @@ class LLMEngine(GenerateMixin):
         for i in range(params.n):
             p = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
             seq = Sequence(next(self._seq_ids), token_ids, p,
-                           request_id=f"{request_id}-{i}" if params.n > 1 else request_id)
+                           request_id=f"{request_id}-{i}" if params.n > 1 else request_id,
+                           prompt_logprobs=params.prompt_logprobs if i == 0 else None)
             needs_detok = stream or bool(p.stop_strings)
             req.seqs.append(seq)
             req.detoks.append(IncrementalDetokenizer(
@@ -127,7 +143,7 @@ class LLMEngine(GenerateMixin):
             self.scheduler.add(seq)
             self._seq_to_request[seq.seq_id] = (req, i)
         self._requests[request_id] = req
-        if params.has_penalties:
+        if params.needs_output_tokens:
             self._penalized.add(request_id)
         return request_id
 
@@ -162,7 +178,7 @@ class LLMEngine(GenerateMixin):
         t0 = time.perf_counter()
         touched: dict[str, RequestState] = {}
         if self._inflight is not None and self._penalized and any(
-                seq.sampling_params.has_penalties for seq in self.scheduler.running):
+                seq.sampling_params.needs_output_tokens for seq in self.scheduler.running):
             # NOTE: penalties read the token values: the step in flight reports before scheduling
             self._resolve(self._inflight, touched)
             self._inflight = None
@@ -191,6 +207,10 @@ class LLMEngine(GenerateMixin):
         """Wait for a launched step's tokens, hand them to the scheduler and the requests."""
         sched, handle = launched
         sampled = handle.result()
+        for seq_id, first, entries in sampled.prompt_logprobs or ():
+            owner = self._seq_to_request.get(seq_id)
+            if owner is not None:
+                owner[0].on_prompt_logprobs(first, entries)
         updated = self.scheduler.update_from_output(sched, sampled.token_ids)
         now = time.monotonic()
         for row, seq in updated:

@@ -27,7 +27,15 @@ class RequestState:
         self.stream = stream
         self.output = RequestOutput(request_id, prompt, prompt_token_ids,
                                     [CompletionOutput(i, logprobs=[] if params.logprobs is not None else None)
-                                     for i in range(params.n)], arrival_time=time.monotonic())
+                                     for i in range(params.n)], arrival_time=time.monotonic(),
+                                    prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+
+    def on_prompt_logprobs(self, first: int, entries: list[dict]) -> None:
+        """The logprob entries of prompt tokens ``first, first + 1, ...``; those already known (a recompute after
+        preemption) are skipped."""
+        known = self.output.prompt_logprobs
+        if known is not None and first <= len(known) < first + len(entries):
+            known.extend(entries[len(known) - first:])
 
     def on_token(self, i: int, seq: Sequence, token_id: int, logprobs: dict[int, float] | None, now: float,
                  finish) -> None:

@@ -14,3 +14,16 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, use_fast=True)
+
+
+def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
+    """Each bad word's token ids as it would appear in text: alone, and after a space when that makes other
+    tokens of the same count (as vLLM does: "word" and " word" are usually different tokens)."""
+    out: list[list[int]] = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        for ids in (plain, spaced):
+            if ids and ids not in out and (ids is plain or (len(ids) == len(plain) and ids[0] != plain[0])):
+                out.append(ids)
+    return out

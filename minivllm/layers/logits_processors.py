@@ -12,9 +12,10 @@ from minivllm.layers.sampling_metadata import SamplingMetadata
 _TOPK_MAX_K = 1024
 
 
-def apply_min_tokens(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    if md.min_tokens_rows is not None:
-        logits[md.min_tokens_rows, md.min_tokens_cols] = float("-inf")  # scalar fill, no H2D copy
+def apply_bans(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """-inf at the banned (row, token) pairs: stop and EOS tokens under ``min_tokens``, and bad words."""
+    if md.banned_rows is not None:
+        logits[md.banned_rows, md.banned_cols] = float("-inf")  # scalar fill, no H2D copy
     return logits
 
 

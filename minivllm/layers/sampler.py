@@ -7,8 +7,10 @@ host-side Python bool, so the forward pass never synchronizes with the device.
 
 Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float32):
 
-1. **min_tokens** -- while ``len(output_b) < min_tokens``: ``l[t] = -inf`` for every ``t`` in the
-   request's ``stop_token_ids`` and, unless ``ignore_eos``, in the EOS ids.
+1. **token edits** (``layers/token_edits.py``) -- ``allowed_token_ids``: ``l[t] = -inf`` for every other
+   ``t``; ``logit_bias``: ``l[t] += bias[t]``. Then **bans**: ``l[t] = -inf`` for the last token ``t`` of
+   each bad word whose other tokens end the output so far, and, while ``len(output_b) < min_tokens``,
+   for every ``t`` in the request's ``stop_token_ids`` and (unless ``ignore_eos``) in the EOS ids.
 2. **repetition penalty** ``r`` (HF / vLLM; applies to tokens seen in the prompt OR the output)::
 
        l[t] = l[t] / r   if seen[t] and l[t] > 0
@@ -53,12 +55,13 @@ import torch
 from torch import nn
 
 from minivllm.layers.logits_processors import (
+    apply_bans,
     apply_min_p,
-    apply_min_tokens,
     apply_penalties,
     apply_top_k_top_p,
 )
 from minivllm.layers.sampling_metadata import SamplingMetadata, _to_device
+from minivllm.layers.token_edits import apply_token_edits
 
 
 @dataclass
@@ -115,14 +118,15 @@ class Sampler(nn.Module):
         if md.output_counts is not None and md.output_counts.shape[1] != logits.shape[1]:
             raise ValueError("metadata vocab_size does not match the logits width")
 
-        modifies = md.min_tokens_rows is not None or not md.no_penalties
+        modifies = md.banned_rows is not None or md.edits is not None or not md.no_penalties
         fused = (self.fused and not md.all_greedy
                  and md.no_top_k and md.no_top_p and md.no_min_p)
         if (md.all_greedy or fused) and not modifies:
             x = logits  # argmax, or the fused pass that reads the logits once: no copy
         else:
             x = logits.to(torch.float32, copy=True)  # `logits` itself stays raw for the logprobs
-            x = apply_min_tokens(x, md)
+            x = apply_token_edits(x, md.edits)
+            x = apply_bans(x, md)
             x = apply_penalties(x, md)
 
         if md.all_greedy:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from minivllm.layers.token_edits import TokenEdits, bad_word_bans, build_token_edits
 from minivllm.sampling_params import SamplingParams
 
 #: temperatures below this are treated as greedy (as in vLLM), which also avoids overflow in l / T.
@@ -48,8 +49,9 @@ class SamplingMetadata:
     presence_penalty: torch.Tensor | None = None  # [B] float32
     prompt_mask: torch.Tensor | None = None  # [B, V] bool: token occurs in the prompt
     output_counts: torch.Tensor | None = None  # [B, V] float32: occurrences in the output
-    min_tokens_rows: torch.Tensor | None = None  # [M] int64  (positions to set to -inf)
-    min_tokens_cols: torch.Tensor | None = None  # [M] int64
+    banned_rows: torch.Tensor | None = None  # [M] int64  (positions to set to -inf: min_tokens, bad words)
+    banned_cols: torch.Tensor | None = None  # [M] int64
+    edits: TokenEdits | None = None  # logit_bias, allowed_token_ids
     # --- randomness ---
     seeded: list[tuple[int, torch.Generator]] = field(default_factory=list)  # (row, generator)
     seeded_keys: list[tuple[int, int]] = field(default_factory=list)  # (row, 63-bit key of seed and step)
@@ -118,7 +120,7 @@ def build_sampling_metadata(
     """Build the per-step metadata for ``len(params)`` rows (row ``i`` = ``params[i]``).
 
     ``output_token_ids[i]`` are the tokens the request already generated (its length is the step
-    number used for seeding and for ``min_tokens``). ``eos_token_ids`` is either the model's EOS
+    number used for seeding and for ``min_tokens``; the values are read for penalties and bad words). ``eos_token_ids`` is either the model's EOS
     ids shared by every row (``[151645, 151643]``) or one list per row. ``generator`` (optional,
     on ``device``) is used by the unseeded rows; default: torch's global RNG.
     """
@@ -199,16 +201,20 @@ def build_sampling_metadata(
     rows: list[int] = []
     cols: list[int] = []
     for i, (p, out) in enumerate(zip(params, output_token_ids, strict=True)):
+        banned = set(bad_word_bans(p, out)) if p.bad_words_token_ids else set()
         if len(out) < p.min_tokens:
-            banned = set(p.stop_token_ids or ())
+            banned.update(p.stop_token_ids or ())
             if not p.ignore_eos:
                 banned.update(eos_token_ids[i] if per_row_eos else eos_token_ids)
+        if banned:
             banned = sorted(t for t in banned if t is not None and 0 <= t < V)
             rows.extend([i] * len(banned))
             cols.extend(banned)
     if rows:
-        md.min_tokens_rows = _to_device(rows, torch.int64, device)
-        md.min_tokens_cols = _to_device(cols, torch.int64, device)
+        md.banned_rows = _to_device(rows, torch.int64, device)
+        md.banned_cols = _to_device(cols, torch.int64, device)
+    if any(p.logit_bias or p.allowed_token_ids for p in params):
+        md.edits = build_token_edits(params, V, device, _to_device)
 
     if not all_greedy:
         md.seeded_keys = seeded_keys(params, [len(out) for out in output_token_ids])

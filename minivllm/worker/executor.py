@@ -17,6 +17,8 @@ class SampledTokens:
     top_ids: list[list[int]] | None = None  # [rows][k] top alternatives
     top_logprobs: list[list[float]] | None = None
     num_top: list[int] | None = None  # how many alternatives each row asked for (None: no logprobs)
+    # (seq_id, first prompt token, [{target: Logprob, alt: Logprob, ...}, ...]) of the rows with prompt logprobs
+    prompt_logprobs: list[tuple[int, int, list[dict]]] | None = None
 
     def logprobs_of(self, row: int) -> dict[int, float] | None:
         """``{sampled_id: logprob, alt_id: logprob, ...}`` for a row that asked for logprobs, else None."""

@@ -35,6 +35,8 @@ class StepInputs:
     # NOTE: tensor parallel: set by rank 0 when every rank samples its own vocabulary slice this
     # step (minivllm.layers.sharded_sampling); None: rank 0 gathers the logits and samples.
     sample_temperatures: np.ndarray | None = None  # [num_sampled] float32, 0.0 on greedy rows
+    # flat token indices whose logits give prompt logprobs (rows' ``prompt_logprobs``, in row order); None: none
+    prompt_logprob_index: np.ndarray | None = None  # [num_prompt_positions] int64
 
     @property
     def num_rows(self) -> int:
@@ -53,6 +55,7 @@ def build_step_inputs(out: SchedulerOutput, block_size: int,
     sample: list[int] = []
     ph_index: list[int] = []
     ph_src: list[int] = []
+    prompt_index: list[int] = []
     max_blocks = 0
     fresh = True
     for row in out.rows:
@@ -73,6 +76,8 @@ def build_step_inputs(out: SchedulerOutput, block_size: int,
             slots.extend((np.asarray(table, dtype=np.int64)[pos // block_size] * block_size
                           + pos % block_size).tolist())
         fresh &= start == 0
+        if row.prompt_logprobs is not None:
+            prompt_index.extend(range(cu[-1], cu[-1] + len(row.prompt_logprobs[1])))
         cu.append(cu[-1] + n)
         ctx.append(end)
         if row.sampled:
@@ -96,6 +101,7 @@ def build_step_inputs(out: SchedulerOutput, block_size: int,
         prev_token_index=np.asarray(ph_index, dtype=np.int64) if ph_index else None,
         prev_token_src=np.asarray(ph_src, dtype=np.int64) if ph_src else None,
         sample_temperatures=sample_temperatures,
+        prompt_logprob_index=np.asarray(prompt_index, dtype=np.int64) if prompt_index else None,
     )
 
 

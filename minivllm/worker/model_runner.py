@@ -31,6 +31,7 @@ from minivllm.models.registry import get_model_class
 from minivllm.worker.executor import SampledTokens
 from minivllm.worker.input_batch import StepInputs, build_step_inputs
 from minivllm.worker.kv_cache import allocate_kv_cache
+from minivllm.worker.prompt_logprobs import prompt_logits, prompt_logprobs
 from minivllm.worker.step_handle import StepHandle
 from minivllm.worker.warmup import warm_sampling
 
@@ -85,6 +86,7 @@ class ModelRunner:
         self.eos_token_ids = list(mc.arch.eos_token_ids)
         self.graph_runner = None
         self.prev_sampled: torch.Tensor | None = None
+        self.prompt_logprobs: list[torch.Tensor] | None = None  # the step's prompt-position logprob slices
         self.share_sampled = tp_group is not None and config.scheduler_config.async_scheduling
         self.kv_cache: torch.Tensor | None = None  # [2, layers, blocks, block_size, kv_heads, head_dim]
         self.num_kvcache_blocks = allocate_kv_cache(self)
@@ -133,7 +135,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, inp: StepInputs) -> torch.Tensor | None:
-        """Forward pass on every rank; returns logits of the sampled rows on rank 0 ([rows, vocab])."""
+        """Forward pass on every rank; returns logits of the sampled rows on rank 0 ([rows, vocab]). The prompt
+        logprobs the step asks for are left in ``self.prompt_logprobs`` (rank 0; see ``prompt_logprobs.py``)."""
+        self.prompt_logprobs = None
         prev = self._prev_tokens(inp)
         if self.graph_runner is not None and self.graph_runner.can_run(inp):
             hidden = self.graph_runner.run(inp, prev)
@@ -143,6 +147,8 @@ class ModelRunner:
             if prev is not None:
                 input_ids[self._to_device(inp.prev_token_index)] = prev[self._to_device(inp.prev_token_src)]
             hidden = self.model(input_ids, self._to_device(inp.positions), meta)
+        if inp.prompt_logprob_index is not None:
+            self.prompt_logprobs = prompt_logits(self.model, hidden[self._to_device(inp.prompt_logprob_index)])
         if len(inp.sample_indices) == 0:
             return None
         if len(inp.sample_indices) < hidden.shape[0]:  # NOTE: all rows sampled means indices 0..n-1
@@ -175,8 +181,9 @@ class ModelRunner:
         inp = inp if inp is not None else self.prepare_inputs(out)
         logits = self.execute(inp)
         self.prev_sampled = None
+        prompt = prompt_logprobs(self.prompt_logprobs, out) if self.prompt_logprobs is not None else None
         if logits is None:
-            return StepHandle.ready(SampledTokens([]))
+            return StepHandle.ready(SampledTokens([]), prompt)
         if inp.sample_temperatures is not None:
             res = self._sample_sharded(logits, inp, out)
         else:
@@ -184,7 +191,7 @@ class ModelRunner:
         self.prev_sampled = res.sampled_token_ids
         if self.share_sampled:
             self.tp_group.broadcast(res.sampled_token_ids, src=0)
-        return StepHandle(res, [s.params.logprobs for s in out.sampled])
+        return StepHandle(res, [s.params.logprobs for s in out.sampled], prompt)
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         """Rank 0: the step's ``StepInputs`` for every rank, marked for sharded sampling where it applies."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.worker.executor import SampledTokens
+from minivllm.worker.prompt_logprobs import PromptLogprobs
 
 
 class StepHandle:
@@ -14,9 +15,9 @@ class StepHandle:
     a CUDA event marks their end, so the host can launch the next step before waiting.
     """
 
-    def __init__(self, res, want: list[int | None]):
+    def __init__(self, res, want: list[int | None], prompt: PromptLogprobs | None = None):
         self._done: SampledTokens | None = None
-        self.want = want
+        self.want, self.prompt = want, prompt
         tensors = [res.sampled_token_ids]
         self.has_logprobs = res.logprobs is not None and any(w is not None for w in want)
         if self.has_logprobs:
@@ -37,9 +38,12 @@ class StepHandle:
         self.tensors = tensors
 
     @classmethod
-    def ready(cls, sampled: SampledTokens) -> StepHandle:
+    def ready(cls, sampled: SampledTokens, prompt: PromptLogprobs | None = None) -> StepHandle:
+        """A handle of a step that sampled nothing (its prompt logprobs, if any, still on their way)."""
         handle = cls.__new__(cls)
-        handle._done = sampled
+        handle._done, handle.prompt = sampled, prompt
+        if prompt is not None:
+            handle._done.prompt_logprobs = prompt.result()
         return handle
 
     def result(self) -> SampledTokens:
@@ -48,5 +52,7 @@ class StepHandle:
                 self.event.synchronize()
             lists = [t.tolist() for t in self.tensors]
             self._done = SampledTokens(*lists, self.want) if self.has_logprobs else SampledTokens(lists[0])
-            self.tensors = None
+            if self.prompt is not None:
+                self._done.prompt_logprobs = self.prompt.result()
+            self.tensors = self.prompt = None
         return self._done

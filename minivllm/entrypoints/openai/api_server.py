@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: a FastAPI app on an AsyncLLM, run by uvicorn.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``. Every error is
+``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``,
+``GET /tokenizer_info``. Every error is
 answered in OpenAI's ``{"error": {...}}`` shape: 400 for bad input (pydantic's included), 401 without a
 valid API key, 413 for a body over the cap, 429 when too many sequences wait, 503 while the engine
 loads or after it failed (the server then exits non-zero, for a supervisor to restart it).
@@ -21,15 +22,17 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from minivllm import __version__
 from minivllm.engine.async_engine import AsyncLLM, EngineDeadError, EngineNotReadyError, EngineOverloadedError
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai.errors import APIError, error_json
-from minivllm.entrypoints.openai.guards import RequestGuard, guarded_h11
+from minivllm.entrypoints.openai.guards import RequestGuard, RequestIdHeader, guarded_h11
 from minivllm.entrypoints.openai.inputs import RequestLimits
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body
 from minivllm.entrypoints.openai.server_config import ServerConfig
 from minivllm.entrypoints.openai.serving import OpenAIServing
+from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
 
 logger = logging.getLogger("minivllm.server")
 
@@ -65,7 +68,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
         watcher.cancel()
         await async_llm.shutdown()
 
-    app = FastAPI(title="minivllm", lifespan=lifespan)
+    app = FastAPI(title="minivllm", version=__version__, lifespan=lifespan, root_path=config.root_path or "")
     app.state.async_llm, app.state.stats, app.state.served_model_name = async_llm, stats, served_model_name
     app.state.on_engine_failure = None
 
@@ -120,7 +123,9 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
             raise APIError(400, "give exactly one of `prompt` and `messages`", param="prompt")
         text = serving.tokenization
         if body.messages is not None:
-            ids = await text.chat(body.messages, body.add_generation_prompt)
+            ids = await text.chat(body.messages, P.template_args(
+                body.add_generation_prompt, body.continue_final_message, body.chat_template,
+                body.chat_template_kwargs, body.messages))
         else:
             ids = await text.encode(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         strs = text.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
@@ -137,6 +142,15 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
             raise APIError(400, f"token id {bad} is outside the tokenizer's vocabulary [0, {vocab})", param="tokens")
         return {"prompt": await serving.tokenization.decode(body.tokens, skip_special_tokens=False)}
 
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        async_llm.check_usable()
+        return tokenizer_info_of(async_llm.tokenizer, async_llm.max_model_len)
+
     def openapi() -> dict:
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
@@ -145,6 +159,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
         return app.openapi_schema
 
     app.openapi = openapi
+    if config.enable_request_id_headers:
+        app.add_middleware(RequestIdHeader)
     app.add_middleware(RequestGuard, api_keys=list(config.api_key) + list(_env_api_keys()),
                        max_body_bytes=config.max_body_bytes)
     return app
@@ -197,6 +213,7 @@ def run_server(args) -> int:
                 loop.call_soon_threadsafe(async_llm.begin_shutdown)
 
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                               root_path=config.root_path or "",
                                timeout_graceful_shutdown=10, access_log=config.log_level == "debug",
                                http=guarded_h11(config.request_timeout_s), timeout_keep_alive=config.timeout_keep_alive)
     server = Server(uv_config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import uuid
 
 import h11
 from starlette.exceptions import HTTPException
@@ -127,3 +128,23 @@ class _GuardedH11Protocol(H11Protocol):
 def guarded_h11(request_timeout_s: float) -> type[H11Protocol]:
     """An h11 protocol class for ``uvicorn.Config(http=...)`` with this request deadline."""
     return type("GuardedH11Protocol", (_GuardedH11Protocol,), {"request_timeout_s": request_timeout_s})
+
+
+class RequestIdHeader:
+    """ASGI middleware (``--enable-request-id-headers``): each response carries the request's ``X-Request-Id``,
+    or a new one when the request had none."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid = next((v for k, v in scope["headers"] if k == b"x-request-id"), None) or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

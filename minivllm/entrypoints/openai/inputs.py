@@ -65,26 +65,35 @@ class Tokenization:
             raise APIError(400, f"{field} has {chars} characters, more than max_model_len ({self.max_model_len}) "
                                 f"tokens can hold", param=field)
 
-    async def encode(self, text: str, field: str = "prompt", add_special_tokens: bool = True) -> list[int]:
+    async def encode(self, text: str, field: str = "prompt", add_special_tokens: bool = True,
+                     check_length: bool = True) -> list[int]:
+        """``text`` as token ids; ``check_length=False`` (the prompt is truncated after) tokenizes any length the
+        body cap lets through."""
         self._require()
-        self._check_length(len(text), field)
+        if check_length:
+            self._check_length(len(text), field)
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
-    async def chat(self, messages: list[P.ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        """The messages rendered with the tokenizer's chat template, tokenized."""
+    async def chat(self, messages: list[P.ChatMessage], template_args: dict | None = None) -> list[int]:
+        """The messages rendered with the chat template (the tokenizer's, or ``template_args["chat_template"]``),
+        tokenized. ``template_args``: ``apply_chat_template``'s keyword arguments (``protocol.template_args``)."""
         self._require()
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions",
-                           param="messages")
+        args = dict(template_args or {"add_generation_prompt": True})
+        if not args.get("chat_template") and not getattr(self.tokenizer, "chat_template", None):
+            raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions, or send one "
+                                "in chat_template", param="messages")
+        if args.get("chat_template") is None:
+            args.pop("chat_template", None)
         msgs = [m.to_template() for m in messages]
         self._check_length(sum(len(str(m.get("content", ""))) for m in msgs), "messages")
-        return await asyncio.to_thread(self._render, msgs, add_generation_prompt)
+        return await asyncio.to_thread(self._render, msgs, args)
 
-    def _render(self, msgs: list[dict], add_generation_prompt: bool) -> list[int]:
+    def _render(self, msgs: list[dict], args: dict) -> list[int]:
         try:
-            text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
-        except Exception as exc:  # a template raises what its author chose: the client's messages are at fault
-            raise APIError(400, f"the chat template failed on these messages: {exc}", param="messages") from exc
+            text = self.tokenizer.apply_chat_template(msgs, tokenize=False, **args)
+        except Exception as exc:  # a template raises what its author chose: the client's input is at fault
+            param = "chat_template" if args.get("chat_template") else "messages"
+            raise APIError(400, f"the chat template failed on these messages: {exc}", param=param) from exc
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:

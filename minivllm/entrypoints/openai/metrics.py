@@ -1,4 +1,5 @@
-"""Prometheus metrics of the server: engine load, token counters and request latency histograms.
+"""Prometheus metrics of the server: engine load, token counters and request latency histograms, under vLLM's
+names (``vllm:num_requests_running``, ...) where vLLM has the metric, ``minivllm_*`` for the others.
 
 ``PrometheusStatLogger`` is an ``AsyncLLM`` stat logger: the engine loop thread calls it after each
 step and on each abort (prometheus_client metrics are thread-safe). Each logger owns its own
@@ -21,24 +22,25 @@ from minivllm.outputs import RequestOutput, StepStats
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                    10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-#: attribute -> (name after "minivllm_", help) of the gauges of the engine's load, each labelled by model name
+#: attribute -> (name, help), each labelled by model name: vLLM's names where vLLM has the metric (dashboards and
+#: autoscalers built for vLLM read them unchanged), ``minivllm_`` for the ones of our own
 _LOAD_GAUGES = {
-    "num_running": ("num_requests_running", "Sequences in the running batch."),
-    "num_waiting": ("num_requests_waiting", "Sequences waiting to be scheduled."),
-    "max_running": ("num_requests_running_max", "Most sequences seen in one engine step."),
+    "num_running": ("vllm:num_requests_running", "Sequences in the running batch."),
+    "num_waiting": ("vllm:num_requests_waiting", "Sequences waiting to be scheduled."),
+    "max_running": ("minivllm_num_requests_running_max", "Most sequences seen in one engine step."),
 }
 _CACHE_GAUGES = {
-    "kv_usage": ("kv_cache_usage_perc", "Fraction of KV cache blocks in use (ref count > 0), 0 to 1."),
-    "kv_blocks_used": ("kv_cache_blocks_used", "KV cache blocks in use (ref count > 0)."),
-    "kv_blocks_total": ("kv_cache_blocks_total", "KV cache blocks in all."),
-    "prefix_hit_rate": ("prefix_cache_hit_rate", "Prefix cache hits / queries (tokens), cumulative."),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (ref count > 0), 0 to 1."),
+    "kv_blocks_used": ("minivllm_kv_cache_blocks_used", "KV cache blocks in use (ref count > 0)."),
+    "kv_blocks_total": ("minivllm_kv_cache_blocks_total", "KV cache blocks in all."),
+    "prefix_hit_rate": ("minivllm_prefix_cache_hit_rate", "Prefix cache hits / queries (tokens), cumulative."),
 }
 _COUNTERS = {
-    "prefix_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
-    "prefix_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
-    "prompt_tokens": ("prompt_tokens", "Prompt tokens of the requests that started."),
-    "generation_tokens": ("generation_tokens", "Generated tokens."),
-    "preemptions": ("num_preemptions", "Sequences preempted (their KV cache dropped)."),
+    "prefix_queries": ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+    "prefix_hits": ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    "prompt_tokens": ("vllm:prompt_tokens", "Prompt tokens of the requests that started."),
+    "generation_tokens": ("vllm:generation_tokens", "Generated tokens."),
+    "preemptions": ("vllm:num_preemptions", "Sequences preempted (their KV cache dropped)."),
 }
 
 
@@ -53,19 +55,19 @@ class PrometheusStatLogger:
 
         for kind, table in ((Gauge, _LOAD_GAUGES), (Gauge, _CACHE_GAUGES), (Counter, _COUNTERS)):
             for attr, (name, doc) in table.items():
-                setattr(self, attr, kind(f"minivllm_{name}", doc, names, registry=r).labels(model_name))
+                setattr(self, attr, kind(name, doc, names, registry=r).labels(model_name))
 
         def histogram(name, doc, buckets=LATENCY_BUCKETS):
-            return Histogram(f"minivllm_{name}", doc, names, buckets=buckets, registry=r).labels(model_name)
+            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(model_name)
 
-        self._success = Counter("minivllm_request_success", "Requests that ended, by finish reason.",
+        self._success = Counter("vllm:request_success", "Requests that ended, by finish reason.",
                                 names + ["finished_reason"], registry=r)
         self._model = model_name
-        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first generated token.")
-        self.itl = histogram("inter_token_latency_seconds", "Time between two tokens of one completion.")
-        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to the end of the request.")
-        self.batch_size = histogram("batch_size", "Sequences in each engine step that ran the model.", BATCH_BUCKETS)
-        self.step_time = histogram("step_time_seconds", "Wall time of each engine step that ran the model.")
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first generated token.")
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens of one completion.")
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to the end of the request.")
+        self.batch_size = histogram("minivllm_batch_size", "Sequences in each engine step that ran the model.", BATCH_BUCKETS)
+        self.step_time = histogram("minivllm_step_time_seconds", "Wall time of each engine step that ran the model.")
         self._hits = self._queries = 0
         self._peak = 0
         self._started: set[str] = set()

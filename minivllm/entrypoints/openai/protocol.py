@@ -3,16 +3,18 @@ responses in OpenAI's exact shapes."""
 
 from __future__ import annotations
 
-import time
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from minivllm.sampling_params import SamplingParams
 
 
 class StreamOptions(BaseModel):
+    """``include_usage``: a last chunk with the usage; ``continuous_usage_stats`` (vLLM): usage in every chunk."""
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class SamplingRequest(BaseModel):
@@ -39,12 +41,36 @@ class SamplingRequest(BaseModel):
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    truncate_prompt_tokens: int | None = None
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk: ``continuous_usage_stats`` together with ``include_usage`` (as in vLLM)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
+    def token_bias(self) -> dict[int, float] | None:
+        """``logit_bias`` with its keys as token ids (OpenAI sends them as strings)."""
+        if self.logit_bias is None:
+            return None
+        bias = {}
+        for key, value in self.logit_bias.items():
+            if not key.strip().lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (integers), got {key!r}")
+            bias[int(key)] = value
+        return bias
+
+    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                           prompt_logprobs: int | None = None) -> SamplingParams:
         """The engine's SamplingParams (raises ValueError on out-of-range values)."""
         def pick(value, default):
             return default if value is None else value
@@ -57,7 +83,10 @@ class SamplingRequest(BaseModel):
             seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
             stop=self.stop, stop_token_ids=self.stop_token_ids,
             include_stop_str_in_output=self.include_stop_str_in_output, logprobs=logprobs,
-            skip_special_tokens=self.skip_special_tokens)
+            skip_special_tokens=self.skip_special_tokens, logit_bias=self.token_bias(),
+            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
+            prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
+            truncate_prompt_tokens=self.truncate_prompt_tokens)
 
 
 class CompletionRequest(SamplingRequest):
@@ -98,6 +127,32 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # vLLM extras
+    echo: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_args(self) -> dict[str, Any]:
+        """The chat template's arguments of this request (400 naming the field for a contradiction)."""
+        return template_args(self.add_generation_prompt, self.continue_final_message, self.chat_template,
+                             self.chat_template_kwargs, self.messages)
+
+
+def template_args(add_generation_prompt: bool, continue_final_message: bool, chat_template: str | None,
+                  kwargs: dict[str, Any] | None, messages: list[ChatMessage]) -> dict[str, Any]:
+    """``apply_chat_template``'s keyword arguments (vLLM's rules: a final message is continued only if it is
+    the assistant's, and then no generation prompt is added)."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message cannot be combined with add_generation_prompt: true")
+    if continue_final_message and messages and messages[-1].role != "assistant":
+        raise ValueError("continue_final_message needs the last message to be the assistant's")
+    reserved = {"conversation", "messages", "tokenize", "chat_template", "add_generation_prompt",
+                "continue_final_message", "tools", "documents"} & set(kwargs or ())
+    if reserved:
+        raise ValueError(f"chat_template_kwargs may not set {sorted(reserved)}")
+    return {**(kwargs or {}), "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message, "chat_template": chat_template}
 
 
 class TokenizeRequest(BaseModel):
@@ -108,6 +163,9 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
 
@@ -116,123 +174,3 @@ class DetokenizeRequest(BaseModel):
 
     model: str | None = None
     tokens: list[int]
-
-
-# ----------------------------------------------------------------- responses
-class UsageInfo(BaseModel):
-    """Token counts of a response (in the last stream chunk with ``stream_options.include_usage``)."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
-class CompletionLogProbs(BaseModel):
-    """Legacy completions logprobs: one entry per token in each list."""
-
-    text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-
-
-class CompletionChoice(BaseModel):
-    """One completion (``n`` per prompt) or its stream delta."""
-
-    index: int
-    text: str
-    logprobs: CompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    """vLLM's extra: the stop token id or stop string that ended the completion (None: EOS or length)."""
-
-
-ChoiceT = TypeVar("ChoiceT")
-
-
-class _Response(BaseModel, Generic[ChoiceT]):
-    """The fields every response and stream chunk has (a subclass fixes ``object``)."""
-
-    id: str
-    object: str
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChoiceT]
-    usage: UsageInfo | None = None
-
-
-class CompletionResponse(_Response[CompletionChoice]):
-    """A completion, or one stream chunk of it (then ``usage`` is null but in the last chunk)."""
-
-    object: Literal["text_completion"] = "text_completion"
-
-
-class TopLogprob(BaseModel):
-    """A candidate token with its logprob and UTF-8 bytes."""
-
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class TokenLogprob(TopLogprob):
-    """The sampled token, with the most likely candidates at its position."""
-
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChatLogprobs(BaseModel):
-    """Chat logprobs: one ``TokenLogprob`` per generated token."""
-
-    content: list[TokenLogprob] | None = None
-
-
-class AssistantMessage(BaseModel):
-    """The generated message of a chat choice."""
-
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
-
-
-class ChatChoice(BaseModel):
-    """One chat completion (``n`` per request)."""
-
-    index: int
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None = Field(None, description="with logprobs=true: the tokens' logprobs")
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    """vLLM's extra, as in ``CompletionChoice``."""
-
-
-class ChatCompletionResponse(_Response[ChatChoice]):
-    """A whole chat completion (not streamed)."""
-
-    object: Literal["chat.completion"] = "chat.completion"
-    usage: UsageInfo
-
-
-class DeltaMessage(BaseModel):
-    """A stream delta: only the fields that are set are sent."""
-
-    role: str | None = None
-    content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler):
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ChatChunkChoice(BaseModel):
-    """One choice's delta in a chat stream chunk."""
-
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(_Response[ChatChunkChoice]):
-    """One server-sent event of a chat stream."""
-
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"

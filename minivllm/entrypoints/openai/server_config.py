@@ -24,12 +24,16 @@ class ServerConfig:
     max_logprobs: int = arg(20, "largest logprobs / top_logprobs of one request")
     max_stop_strings: int = arg(16, "most stop strings of one request")
     max_stop_string_chars: int = arg(256, "longest stop string, in characters")
-    max_body_bytes: int = arg(4 << 20, "largest request body (JSON is parsed in one go, holding Python's lock: "
-                                       "4 MiB parse in ~50 ms); a larger one gets 413 without being read")
+    max_body_bytes: int = arg(2 << 20, "largest request body (250k token ids, or a text far beyond any context; "
+                                       "JSON is parsed in one go, holding Python's lock ~20 ms a MiB); a larger "
+                                       "one gets 413 without being read")
     request_timeout_s: float = arg(30.0, "seconds a client may take to send a request's headers and body; a "
                                          "slower connection is closed (408)")
     timeout_keep_alive: int = arg(5, "seconds an idle keep-alive connection stays open")
     log_level: str = arg("info", "log level", choices=("debug", "info", "warning", "error"))
+    root_path: str | None = arg(None, "the path prefix under which a proxy serves the app (FastAPI's root_path)")
+    enable_request_id_headers: bool = arg(False, "echo a request's X-Request-Id header in its response (a new "
+                                                 "id when it has none)")
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 
 from minivllm.engine.async_engine import RequestStream
-from minivllm.entrypoints.openai import protocol as P
+from minivllm.entrypoints.openai import responses as R
 from minivllm.entrypoints.openai.errors import error_response
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 
 def sse(obj, include_usage: bool = True) -> str:
-    """One server-sent event; ``usage`` is left out unless the client asked for it."""
+    """One server-sent event; ``usage`` is left out unless the client asked for it (then it is null in the
+    chunks that carry none, as OpenAI sends them)."""
     return f"data: {obj.model_dump_json(exclude=None if include_usage else {'usage'})}\n\n"
 
 
@@ -85,24 +86,25 @@ async def collect(streams: list[RequestStream], raw: Request) -> list[RequestOut
     return finals
 
 
-async def stream_outputs(streams: list[RequestStream], usage: P.UsageInfo):
-    """Yield ``(prompt_index, completion)`` for each completion still running, tallying ``usage``."""
+async def stream_outputs(streams: list[RequestStream], usage: R.UsageInfo):
+    """Yield ``(prompt_index, output, completion)`` for each completion still running, tallying the completion
+    tokens and the prefix-cache hits into ``usage`` (whose ``prompt_tokens`` the caller sets)."""
     done: set[tuple[int, int]] = set()
     seen: set[int] = set()
     try:
         async for i, out in merge(streams):
             if i not in seen:
                 seen.add(i)
-                usage.prompt_tokens += len(out.prompt_token_ids)
+                usage.prompt_tokens_details.cached_tokens += out.num_cached_tokens
             for c in out.outputs:
                 if (i, c.index) in done:
                     continue
                 usage.completion_tokens += len(c.delta_token_ids)
+                usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
                 if c.finished:
                     done.add((i, c.index))
-                yield i, c
+                yield i, out, c
     finally:
-        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         for s in streams:
             s.abort()
 

@@ -1,0 +1,156 @@
+"""Pydantic models of the OpenAI-compatible API's responses, in OpenAI's exact shapes plus vLLM's extra fields
+(``stop_reason``, ``token_ids``, ``prompt_token_ids``, ``prompt_logprobs``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Generic, Literal, TypeVar
+
+from pydantic import BaseModel, Field, model_serializer
+
+
+class PromptTokensDetails(BaseModel):
+    """OpenAI's breakdown of the prompt tokens: ``cached_tokens`` came from the prefix cache."""
+
+    cached_tokens: int = 0
+
+
+class UsageInfo(BaseModel):
+    """Token counts of a response (in the last stream chunk with ``stream_options.include_usage``, in every
+    chunk with ``continuous_usage_stats``)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's prompt logprob entry: a token's logprob, its 1-based rank, and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
+class CompletionLogProbs(BaseModel):
+    """Legacy completions logprobs: one entry per token in each list."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    """One completion (``n`` per prompt) or its stream delta."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    """vLLM's extra: the stop token id or stop string that ended the completion (None: EOS or length)."""
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+
+
+ChoiceT = TypeVar("ChoiceT")
+
+
+class _Response(BaseModel, Generic[ChoiceT]):
+    """The fields every response and stream chunk has (a subclass fixes ``object``)."""
+
+    id: str
+    object: str
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChoiceT]
+    usage: UsageInfo | None = None
+
+
+class CompletionResponse(_Response[CompletionChoice]):
+    """A completion, or one stream chunk of it (then ``usage`` is null but in the last chunk)."""
+
+    object: Literal["text_completion"] = "text_completion"
+
+
+class TopLogprob(BaseModel):
+    """A candidate token with its logprob and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    """The sampled token, with the most likely candidates at its position."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    """Chat logprobs: one ``TokenLogprob`` per generated token."""
+
+    content: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(BaseModel):
+    """The generated message of a chat choice."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    """One chat completion (``n`` per request)."""
+
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = Field(None, description="with logprobs=true: the tokens' logprobs")
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    """vLLM's extra, as in ``CompletionChoice``."""
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionResponse(_Response[ChatChoice]):
+    """A whole chat completion (not streamed)."""
+
+    object: Literal["chat.completion"] = "chat.completion"
+    usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class DeltaMessage(BaseModel):
+    """A stream delta: only the fields that are set are sent."""
+
+    role: str | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    """One choice's delta in a chat stream chunk."""
+
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(_Response[ChatChunkChoice]):
+    """One server-sent event of a chat stream."""
+
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    prompt_token_ids: list[int] | None = None  # the first chunk's, with return_token_ids

@@ -1,0 +1,146 @@
+"""What the completion and chat handlers share: the served model, the tokenizer off the event loop, prompts
+as token ids, starting engine requests, usage, and logprobs in OpenAI's and vLLM's shapes."""
+
+from __future__ import annotations
+
+from fastapi.responses import Response
+
+from minivllm.engine.async_engine import AsyncLLM, RequestStream
+from minivllm.entrypoints.openai import protocol as P
+from minivllm.entrypoints.openai import responses as R
+from minivllm.entrypoints.openai.errors import APIError
+from minivllm.entrypoints.openai.inputs import RequestLimits, Tokenization
+from minivllm.outputs import RequestOutput
+
+
+def clamp(logprob: float) -> float:
+    return max(logprob, -9999.0)  # -inf is not JSON
+
+
+def json_response(obj) -> Response:
+    return Response(obj.model_dump_json(), media_type="application/json")
+
+
+def new_usage(prompt_tokens: int = 0) -> R.UsageInfo:
+    return R.UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens,
+                       prompt_tokens_details=R.PromptTokensDetails())
+
+
+def final_usage(finals: list[RequestOutput]) -> R.UsageInfo:
+    """The usage of finished requests: their prompts, every completion's tokens, the prefix-cache hits."""
+    usage = new_usage(sum(len(out.prompt_token_ids) for out in finals))
+    usage.completion_tokens = sum(len(c.token_ids) for out in finals for c in out.outputs)
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    usage.prompt_tokens_details.cached_tokens = sum(out.num_cached_tokens for out in finals)
+    return usage
+
+
+class ServingBase:
+    """Serves requests on an AsyncLLM (once its engine is ready) under one model name."""
+
+    def __init__(self, llm: AsyncLLM, model_name: str, limits: RequestLimits = RequestLimits()):
+        self.llm, self.model_name, self.limits = llm, model_name, limits
+        self._tokenization: Tokenization | None = None
+
+    @property
+    def tokenization(self) -> Tokenization:
+        """The engine's tokenizer, used off the event loop (made when the engine is ready)."""
+        if self._tokenization is None:
+            self.llm.check_usable()
+            self._tokenization = Tokenization(self.llm.tokenizer, self.llm.max_model_len)
+        return self._tokenization
+
+    def check_model(self, model: str | None) -> None:
+        """404 unless ``model`` is the served name (or omitted)."""
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+    def token_str(self, token_id: int, as_id: bool = False) -> str:
+        """A token's text, or ``"token_id:N"`` (``return_tokens_as_token_ids``)."""
+        return f"token_id:{token_id}" if as_id else self.tokenization.decode_now([token_id], skip_special_tokens=False)
+
+    async def prompt_ids(self, prompt: str | list[int], truncate: int | None = None, field: str = "prompt") -> list[int]:
+        """A prompt as token ids (the last ``truncate`` of them): text is tokenized off the event loop; ids longer
+        than the model's context are refused here, before the engine walks them."""
+        if isinstance(prompt, str):
+            prompt = await self.tokenization.encode(prompt, field, check_length=truncate is None)
+        if truncate is not None:
+            prompt = prompt[-truncate:]
+        if len(prompt) >= self.llm.max_model_len:
+            raise APIError(400, f"the prompt has {len(prompt)} tokens, but max_model_len is "
+                                f"{self.llm.max_model_len}: it must be shorter", param=field)
+        return prompt
+
+    async def start(self, prompts: list, params, base_id: str) -> list[RequestStream]:
+        """One engine request per prompt (``{base_id}-{i}``); all aborted if one cannot start."""
+        streams: list[RequestStream] = []
+        try:
+            for i, prompt in enumerate(prompts):
+                streams.append(await self.llm.add_request(prompt, params, f"{base_id}-{i}"))
+        except BaseException:
+            for s in streams:
+                s.abort()
+            raise
+        return streams
+
+    def prompt_logprobs(self, out: RequestOutput) -> R.PromptLogprobs | None:
+        """vLLM's ``prompt_logprobs``: per prompt token ``{"id": {logprob, rank, decoded_token}}``, None first."""
+        if out.prompt_logprobs is None:
+            return None
+        return [None if entry is None else {
+            str(tid): R.PromptLogprob(logprob=clamp(lp.logprob), rank=lp.rank, decoded_token=self.token_str(tid))
+            for tid, lp in entry.items()} for entry in out.prompt_logprobs]
+
+    def completion_logprobs(self, ids, lps, k, offset, as_id: bool) -> R.CompletionLogProbs | None:
+        """The legacy completions shape of generated tokens' logprobs (None unless asked)."""
+        if k is None or lps is None:
+            return None
+        out = R.CompletionLogProbs()
+        for tid, lp in zip(ids, lps):
+            offset = self._add_legacy(out, self.token_str(tid, as_id), clamp(lp[tid]), offset, {
+                self.token_str(t, as_id): clamp(v) for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:k]})
+        return out
+
+    def echo_logprobs(self, out: RequestOutput, k: int, as_id: bool) -> R.CompletionLogProbs:
+        """The prompt's tokens in the legacy completions shape (``echo`` with ``logprobs``): the first token has
+        no logprob."""
+        res, offset = R.CompletionLogProbs(), 0
+        for tid, entry in zip(out.prompt_token_ids, out.prompt_logprobs or []):
+            s = self.token_str(tid, as_id)
+            if entry is None:
+                offset = self._add_legacy(res, s, None, offset, None)
+                continue
+            top = sorted(entry.items(), key=lambda kv: kv[1].rank)[:k]
+            offset = self._add_legacy(res, s, clamp(entry[tid].logprob), offset,
+                                      {self.token_str(t, as_id): clamp(lp.logprob) for t, lp in top})
+        return res
+
+    @staticmethod
+    def _add_legacy(res: R.CompletionLogProbs, s: str, lp: float | None, offset: int, top: dict | None) -> int:
+        if top is not None:
+            top.setdefault(s, lp)
+        res.tokens.append(s)
+        res.token_logprobs.append(lp)
+        res.top_logprobs.append(top)
+        res.text_offset.append(offset)
+        return offset + len(s)
+
+    def chat_logprobs(self, ids, lps, k, as_id: bool) -> R.ChatLogprobs | None:
+        """Chat's shape of generated tokens' logprobs (None unless asked)."""
+        if k is None or lps is None:
+            return None
+
+        def entry(cls, tid, v, **kw):
+            s = self.token_str(tid, as_id)
+            return cls(token=s, logprob=clamp(v), bytes=list(s.encode("utf-8")), **kw)
+
+        return R.ChatLogprobs(content=[
+            entry(R.TokenLogprob, tid, lp[tid], top_logprobs=[
+                entry(R.TopLogprob, t, v) for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:k]])
+            for tid, lp in zip(ids, lps)])
+
+    @staticmethod
+    def check_request(req: P.SamplingRequest) -> None:
+        """400s that no SamplingParams check catches."""
+        if req.stream_options is not None and not req.stream:
+            raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")

@@ -1,0 +1,82 @@
+"""``POST /v1/chat/completions``: messages → the chat template → an engine request → a chat completion or an
+SSE stream."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from minivllm.entrypoints.openai import protocol as P
+from minivllm.entrypoints.openai import responses as R
+from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
+from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
+
+
+class ChatServing(ServingBase):
+    """The chat handler (OpenAI's fields, and vLLM's: ``echo``, ``continue_final_message``, ``chat_template``,
+    ``chat_template_kwargs``, ``prompt_logprobs``, ``return_token_ids``, ``return_tokens_as_token_ids``)."""
+
+    async def chat(self, req: P.ChatCompletionRequest, raw: Request):
+        self.check_model(req.model)
+        self.check_request(req)
+        self.llm.check_usable()
+        k = (req.top_logprobs or 0) if req.logprobs else None
+        self.limits.check(req, req.top_logprobs if req.top_logprobs is not None else k, "top_logprobs")
+        if req.prompt_logprobs is not None:
+            self.limits.check(req, req.prompt_logprobs, "prompt_logprobs")
+        ids = await self.tokenization.chat(req.messages, req.template_args())
+        if req.truncate_prompt_tokens is not None:
+            ids = ids[-req.truncate_prompt_tokens:]
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, self.llm.max_model_len - len(ids))
+        params = req.to_sampling_params(max_tokens, k)
+        # NOTE: echo repeats the last message when it is the assistant's (the role that is generated), as vLLM
+        last = req.messages[-1]
+        echo = last.to_template()["content"] if req.echo and last.role == "assistant" else ""
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        streams = await self.start([ids], params, rid)
+        if req.stream:
+            return StreamingResponse(guarded(self._chat_stream(req, rid, streams, ids, k, echo)),
+                                     media_type="text/event-stream")
+        (out,) = await collect(streams, raw)
+        as_id, with_ids = req.return_tokens_as_token_ids, req.return_token_ids
+        choices = [R.ChatChoice(index=c.index, message=R.AssistantMessage(content=echo + c.text),
+                                logprobs=self.chat_logprobs(c.token_ids, c.logprobs, k, as_id),
+                                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                                token_ids=list(c.token_ids) if with_ids else None) for c in out.outputs]
+        return json_response(R.ChatCompletionResponse(
+            id=rid, model=self.model_name, choices=choices, usage=final_usage([out]),
+            prompt_logprobs=self.prompt_logprobs(out) if req.prompt_logprobs is not None else None,
+            prompt_token_ids=list(out.prompt_token_ids) if with_ids else None))
+
+    async def _chat_stream(self, req, rid, streams, ids, k, echo) -> AsyncIterator[str]:
+        sent: dict[int, int] = {}
+        usage = new_usage(len(ids))
+
+        def chunk(choice, **extra):
+            return sse(R.ChatCompletionChunk(id=rid, model=self.model_name, choices=[choice],
+                                             usage=usage.model_copy(deep=True) if req.continuous_usage else None,
+                                             **extra), req.include_usage)
+
+        first_ids = {"prompt_token_ids": list(ids)} if req.return_token_ids else {}
+        for i in range(req.n):
+            yield chunk(R.ChatChunkChoice(index=i, delta=R.DeltaMessage(role="assistant", content="")),
+                        **(first_ids if i == 0 else {}))
+            if echo:
+                yield chunk(R.ChatChunkChoice(index=i, delta=R.DeltaMessage(content=echo)))
+        async for _, _, c in stream_outputs(streams, usage):
+            text = delta_with_rest(c, sent.get(c.index, 0))
+            sent[c.index] = sent.get(c.index, 0) + len(text)
+            lp = self.chat_logprobs(c.delta_token_ids, c.delta_logprobs, k, req.return_tokens_as_token_ids)
+            if text or c.finished or lp is not None or c.delta_token_ids:
+                delta = R.DeltaMessage(content=text if text or not c.finished else None)
+                yield chunk(R.ChatChunkChoice(
+                    index=c.index, delta=delta, logprobs=lp, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                    token_ids=list(c.delta_token_ids) if req.return_token_ids else None))
+        if req.include_usage:
+            yield sse(R.ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=usage))
+        yield "data: [DONE]\n\n"

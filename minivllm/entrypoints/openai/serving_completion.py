@@ -1,0 +1,102 @@
+"""``POST /v1/completions``: prompts (texts or token ids) → engine requests → a completion or an SSE stream."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from minivllm.entrypoints.openai import protocol as P
+from minivllm.entrypoints.openai import responses as R
+from minivllm.entrypoints.openai.errors import APIError
+from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
+from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
+
+
+class CompletionServing(ServingBase):
+    """The completions handler (OpenAI's fields, and vLLM's: ``echo`` with ``logprobs`` gives the prompt's
+    logprobs too, ``prompt_logprobs``, ``return_token_ids``, ``return_tokens_as_token_ids``)."""
+
+    async def completions(self, req: P.CompletionRequest, raw: Request):
+        self.check_model(req.model)
+        self.check_request(req)
+        self.llm.check_usable()
+        prompts = [req.prompt] if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) \
+            else list(req.prompt)
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        self.limits.check(req, req.logprobs, "logprobs")
+        # NOTE: echo with logprobs scores the prompt too: prompt logprobs with the same number of alternatives
+        prompt_k = req.prompt_logprobs
+        if req.echo and req.logprobs is not None:
+            prompt_k = max(req.logprobs, prompt_k or 0)
+        if prompt_k is not None:
+            self.limits.check(req, prompt_k, "prompt_logprobs")
+        params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_k)
+        ids = [await self.prompt_ids(p, req.truncate_prompt_tokens) for p in prompts]
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        echo = [await self.tokenization.decode(p) if req.echo else "" for p in ids]
+        streams = await self.start(ids, params, rid)
+        if req.stream:
+            return StreamingResponse(guarded(self._completion_stream(req, rid, streams, ids, echo)),
+                                     media_type="text/event-stream")
+        finals = await collect(streams, raw)
+        choices = []
+        for i, out in enumerate(finals):
+            prompt_lps = self.prompt_logprobs(out) if req.prompt_logprobs is not None else None
+            for c in out.outputs:
+                lp = self.completion_logprobs(c.token_ids, c.logprobs, req.logprobs, len(echo[i]),
+                                              req.return_tokens_as_token_ids)
+                if lp is not None and req.echo:
+                    lp = self._join(self.echo_logprobs(out, req.logprobs, req.return_tokens_as_token_ids), lp)
+                choices.append(R.CompletionChoice(
+                    index=i * params.n + c.index, text=echo[i] + c.text, logprobs=lp, finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason, prompt_logprobs=prompt_lps,
+                    prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
+                    token_ids=list(c.token_ids) if req.return_token_ids else None))
+        return json_response(R.CompletionResponse(id=rid, model=self.model_name, choices=choices,
+                                                  usage=final_usage(finals)))
+
+    @staticmethod
+    def _join(prompt: R.CompletionLogProbs, gen: R.CompletionLogProbs) -> R.CompletionLogProbs:
+        """The prompt's legacy logprobs followed by the completion's (whose offsets already count the echo)."""
+        return R.CompletionLogProbs(text_offset=prompt.text_offset + gen.text_offset, tokens=prompt.tokens + gen.tokens,
+                                    token_logprobs=prompt.token_logprobs + gen.token_logprobs,
+                                    top_logprobs=prompt.top_logprobs + gen.top_logprobs)
+
+    async def _completion_stream(self, req, rid, streams, ids, echo) -> AsyncIterator[str]:
+        n, as_id = req.n, req.return_tokens_as_token_ids
+        sent: dict[int, int] = {}  # choice index -> completion characters streamed so far
+        usage = new_usage(sum(len(p) for p in ids))
+
+        def chunk(choice):
+            return sse(R.CompletionResponse(id=rid, model=self.model_name, choices=[choice],
+                                            usage=usage.model_copy(deep=True) if req.continuous_usage else None),
+                       req.include_usage)
+
+        async for i, out, c in stream_outputs(streams, usage):
+            idx = i * n + c.index
+            first = idx not in sent
+            streamed = sent.get(idx, 0)
+            text = delta_with_rest(c, streamed)
+            lp = self.completion_logprobs(c.delta_token_ids, c.delta_logprobs, req.logprobs,
+                                          len(echo[i]) + streamed, as_id)
+            sent[idx] = streamed + len(text)
+            extra = {}
+            if first:
+                text = echo[i] + text
+                if lp is not None and req.echo:
+                    lp = self._join(self.echo_logprobs(out, req.logprobs, as_id), lp)
+                if req.prompt_logprobs is not None:
+                    extra["prompt_logprobs"] = self.prompt_logprobs(out)
+                if req.return_token_ids:
+                    extra["prompt_token_ids"] = list(out.prompt_token_ids)
+            if text or c.finished or lp is not None or c.delta_token_ids or first:
+                yield chunk(R.CompletionChoice(
+                    index=idx, text=text, logprobs=lp, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                    token_ids=list(c.delta_token_ids) if req.return_token_ids else None, **extra))
+        if req.include_usage:
+            yield sse(R.CompletionResponse(id=rid, model=self.model_name, choices=[], usage=usage))
+        yield "data: [DONE]\n\n"

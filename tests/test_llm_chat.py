@@ -1,0 +1,38 @@
+"""Offline ``LLM.chat``, as vLLM's: conversations through the chat template, then ``generate``."""
+
+from __future__ import annotations
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+
+MSGS = [{"role": "user", "content": "def add(a, b):"}, {"role": "assistant", "content": "    return a"}]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_tied_model):
+    return LLM(tiny_tied_model, device="cpu", max_model_len=128)
+
+
+def test_chat_is_generate_on_the_rendered_conversation(llm):
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    text = llm.tokenizer.apply_chat_template(MSGS[:1], tokenize=False, add_generation_prompt=True)
+    want = llm.generate([llm.tokenizer.encode(text, add_special_tokens=False)], params, use_tqdm=False)
+    one = llm.chat(MSGS[:1], params, use_tqdm=False)
+    two = llm.chat([MSGS[:1], MSGS], params, use_tqdm=False, add_generation_prompt=False, continue_final_message=False)
+    assert one[0]["token_ids"] == want[0]["token_ids"] and len(two) == 2
+
+
+def test_continue_final_message_and_template_kwargs(llm):
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    cont = llm.chat(MSGS, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)
+    rendered = llm.tokenizer.apply_chat_template(MSGS, tokenize=False, continue_final_message=True)
+    assert rendered.endswith("    return a")
+    want = llm.generate([llm.tokenizer.encode(rendered, add_special_tokens=False)], params, use_tqdm=False)
+    assert cont[0]["token_ids"] == want[0]["token_ids"]
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if shout %}!{% endif %}"
+    loud = llm.chat(MSGS[:1], params, use_tqdm=False, chat_template=template, chat_template_kwargs={"shout": True})
+    want = llm.generate(["def add(a, b):!"], params, use_tqdm=False)
+    assert loud[0]["token_ids"] == want[0]["token_ids"]
+    with pytest.raises(ValueError, match="continue_final_message"):
+        llm.chat(MSGS, params, continue_final_message=True)
