@@ -185,3 +185,25 @@ def test_tokens_of_a_finished_sequence_are_dropped():
     assert [(row, seq.seq_id) for row, seq in updated] == [(1, b.seq_id)]
     assert a.token_ids == list(range(10, 15)) and b.token_ids[-1] == 4
     s.check_integrity()
+
+
+def test_prompt_logprob_targets_follow_the_chunks_and_skip_the_prefix_cache():
+    """A 40-token prompt in chunks of 16: each chunk's positions score the next prompt tokens, the last chunk
+    stops at the prompt's last token; a second sequence asking for prompt logprobs reads no cached block."""
+    from minivllm.core.sequence import Sequence
+
+    sched = make_scheduler(budget=16)
+    prompt = list(range(10, 50))
+    warm = Sequence(900, prompt, make_seq(1).sampling_params)
+    sched.add(warm)
+    while not warm.is_finished:
+        step(sched)
+    seq = Sequence(901, prompt, make_seq(1).sampling_params, prompt_logprobs=2)
+    sched.add(seq)
+    got = []
+    while seq.num_computed_tokens < len(prompt):
+        out = step(sched)
+        (row,) = [r for r in out.rows if r.seq_id == 901]
+        got.append(row.prompt_logprobs)
+    assert seq.num_cached_tokens == 0
+    assert got == [(2, tuple(prompt[1:17])), (2, tuple(prompt[17:33])), (2, tuple(prompt[33:40]))]

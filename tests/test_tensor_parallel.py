@@ -130,6 +130,20 @@ def test_tp2_triton_backend_matches_tp1(tiny_untied_model):
     assert got == want
 
 
+def test_tp2_prompt_logprobs_and_logit_bias_match_tp1(tp2_tied, tiny_tied_model):
+    """Every rank puts the prompt positions through the LM head (a gather), slice by slice: TP=2's prompt
+    logprobs are TP=1's; a logit_bias row takes the gather path and is forced."""
+    prompt = [5 + (7 * i) % 200 for i in range(50)]
+    params = [SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=2),
+              SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logit_bias={42: 100})]
+    with LLM(tiny_tied_model, **KW) as ref:
+        want = ref.generate([prompt, "x"], params, use_tqdm=False)
+    got = tp2_tied.generate([prompt, "x"], params, use_tqdm=False)
+    assert got[1]["token_ids"] == want[1]["token_ids"] == [42] * 3
+    for g, w in zip(got[0]["prompt_logprobs"][1:], want[0]["prompt_logprobs"][1:]):
+        assert g.keys() == w.keys() and all(abs(g[t].logprob - w[t].logprob) < 1e-4 for t in g)
+
+
 @pytest.mark.slow
 def test_tp2_chunked_prefill_small_cache(tiny_tied_model):
     ref, _ = _reference(tiny_tied_model, **CHUNKED)

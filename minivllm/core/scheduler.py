@@ -173,9 +173,7 @@ class Scheduler:
             else:
                 num_decode += n
             seq.num_computed_tokens = start + n
-            prompt_lps = None
-            if seq.prompt_logprobs is not None and start + 1 < seq.num_prompt_tokens:
-                prompt_lps = (seq.prompt_logprobs, tuple(tokens[start + 1:min(start + n, seq.num_prompt_tokens - 1) + 1]))
+            prompt_lps = seq.prompt_logprob_targets(start, n) if seq.prompt_logprobs is not None else None
             if start + n < num_tokens:
                 rows.append(_row((seq.seq_id, start, new, tables(seq.seq_id), prev_row, None, 0, None, prompt_lps)))
                 continue

@@ -107,6 +107,12 @@ class Sequence:
     def num_known_completion_tokens(self) -> int:
         return len(self.token_ids) - self.num_pending_tokens - self.num_prompt_tokens
 
+    def prompt_logprob_targets(self, start: int, n: int) -> tuple[int, tuple[int, ...]] | None:
+        """``(k, targets)`` of a chunk of ``n`` tokens from ``start``: position ``p`` of it gives the logprob of
+        prompt token ``p + 1`` (``targets``: those tokens); None when no position does."""
+        end = min(start + n, self.num_prompt_tokens - 1)
+        return (self.prompt_logprobs, tuple(self.token_ids[start + 1:end + 1])) if end > start else None
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 

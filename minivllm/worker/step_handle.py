@@ -42,8 +42,6 @@ class StepHandle:
         """A handle of a step that sampled nothing (its prompt logprobs, if any, still on their way)."""
         handle = cls.__new__(cls)
         handle._done, handle.prompt = sampled, prompt
-        if prompt is not None:
-            handle._done.prompt_logprobs = prompt.result()
         return handle
 
     def result(self) -> SampledTokens:
@@ -52,7 +50,8 @@ class StepHandle:
                 self.event.synchronize()
             lists = [t.tolist() for t in self.tensors]
             self._done = SampledTokens(*lists, self.want) if self.has_logprobs else SampledTokens(lists[0])
-            if self.prompt is not None:
-                self._done.prompt_logprobs = self.prompt.result()
-            self.tensors = self.prompt = None
+            self.tensors = None
+        if self.prompt is not None:
+            self._done.prompt_logprobs = self.prompt.result()
+            self.prompt = None
         return self._done
