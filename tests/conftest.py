@@ -102,3 +102,14 @@ def tiny_model(request, tiny_tied_model, tiny_untied_model) -> str:
 
 def read_config(path: str) -> dict:
     return json.loads((Path(path) / "config.json").read_text())
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The server stress suite's figures (tests/test_server_stress.py), when it ran."""
+    from server_utils import REPORT
+
+    lines = config.stash.get(REPORT, None)
+    if lines:
+        terminalreporter.write_sep("=", "server stress figures (docs/reliability.md)")
+        for line in lines:
+            terminalreporter.write_line(line)

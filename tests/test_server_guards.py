@@ -82,10 +82,18 @@ def test_api_keys(server):
                               "top_logprobs": 4}, "top_logprobs"),
     ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c"]}, "stop"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop": "123456789"}, "stop"),
+    # NOTE: a template is code the server runs: refused without --trust-request-chat-template
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"},
+     "chat_template"),
 ])
 def test_request_caps(server, path, body, param):
     for stream in (False, True):
         _error(_post(server, path, {**body, "stream": stream}), 400, param)
+
+
+def test_tokenize_refuses_a_request_chat_template_too(server):
+    body = {"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"}
+    _error(_post(server, "/tokenize", body), 400, "chat_template")
 
 
 def test_best_of_equal_to_n_is_accepted(server):

@@ -7,7 +7,8 @@
    a KV block, and the server's memory is back near where it was.
 3. A fuzz of the request schemas (hypothesis): no input gets a 5xx; every 4xx is in OpenAI's error shape.
 
-Every response of every phase is counted by status; not one may be 5xx. The figures are printed as a table.
+Every response of every phase is counted by status; not one may be 5xx. The figures are printed as a table
+at the end of pytest's output.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_utils import running_server
+from server_utils import REPORT, running_server
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 KEY = "stress-key"
@@ -42,12 +43,12 @@ FIGURES: dict[str, object] = {}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_tied_model, tmp_path_factory):
+def server(tiny_tied_model, tmp_path_factory, request):
     with running_server(tiny_tied_model, ARGS, tmp_path_factory.mktemp("stress"), api_key=KEY) as srv:
         yield srv
-    print("\n== stress figures ==")
-    for name, value in {**FIGURES, "statuses": dict(sorted(STATUSES.items()))}.items():
-        print(f"{name:<42} {value}")
+    # NOTE: printed in pytest's terminal summary (conftest.py), so that CI's log has them without -s
+    request.config.stash[REPORT] = [f"{name:<42} {value}" for name, value in
+                                    {**FIGURES, "statuses": dict(sorted(STATUSES.items()))}.items()]
 
 
 def _rss_mb(pid: int) -> float:
@@ -159,13 +160,18 @@ def test_a_crowd_with_random_disconnects_leaves_nothing_behind(server):
 _VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 40), st.integers(-(2**80), 2**80),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-    st.sampled_from(["\ud800", "x\udfffy", "hot", ""]), st.lists(st.integers(-5, 600), max_size=6),
+    st.sampled_from(["\ud800", "x\udfffy", "hot", "", "{% if %}", "{{ messages[0]['content'] }}", "{{ 1 / 0 }}"]),
+    st.lists(st.integers(-5, 600), max_size=6),
+    st.dictionaries(st.integers(-5, 5000).map(str), st.floats(allow_nan=True, allow_infinity=True), max_size=3),
     st.lists(st.text(max_size=5), max_size=4), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
 _FIELDS = ["model", "n", "best_of", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "max_tokens",
            "min_tokens", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
            "stop_token_ids", "ignore_eos", "echo", "stream", "stream_options", "skip_special_tokens",
-           "include_stop_str_in_output", "max_completion_tokens", "add_generation_prompt", "user", "unknown_field"]
+           "include_stop_str_in_output", "max_completion_tokens", "add_generation_prompt", "user", "unknown_field",
+           "logit_bias", "allowed_token_ids", "bad_words", "prompt_logprobs", "return_token_ids",
+           "return_tokens_as_token_ids", "truncate_prompt_tokens", "continue_final_message", "chat_template",
+           "chat_template_kwargs"]
 _MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "\ud800"]) | _VALUES},
                                  optional={"content": _VALUES, "name": _VALUES})
 _BODIES = st.one_of(

@@ -19,7 +19,7 @@ from server_utils import running_server
 pytestmark = pytest.mark.server
 NAME = "tiny"
 ARGS = ["--served-model-name", NAME, "--device", "cpu", "--max-model-len", "256", "--num-kvcache-blocks", "128",
-        "--dtype", "float32", "--enable-request-id-headers", "--root-path", "/api"]
+        "--dtype", "float32", "--enable-request-id-headers", "--root-path", "/api", "--trust-request-chat-template"]
 PROMPT = [5 + (7 * i) % 200 for i in range(40)]
 MSGS = [{"role": "user", "content": "def add(a, b):"}, {"role": "assistant", "content": "    return a"}]
 

@@ -56,7 +56,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
     config = config or ServerConfig()
     stats = PrometheusStatLogger(served_model_name)
     async_llm.stat_loggers.append(stats)
-    limits = RequestLimits(config.max_n, config.max_logprobs, config.max_stop_strings, config.max_stop_string_chars)
+    limits = RequestLimits(config.max_n, config.max_logprobs, config.max_stop_strings, config.max_stop_string_chars,
+                           config.trust_request_chat_template)
     serving = OpenAIServing(async_llm, served_model_name, limits)
     created = int(time.time())
 
@@ -123,6 +124,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
             raise APIError(400, "give exactly one of `prompt` and `messages`", param="prompt")
         text = serving.tokenization
         if body.messages is not None:
+            limits.check_template(body.chat_template)
             ids = await text.chat(body.messages, P.template_args(
                 body.add_generation_prompt, body.continue_final_message, body.chat_template,
                 body.chat_template_kwargs, body.messages))

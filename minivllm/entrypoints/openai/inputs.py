@@ -23,6 +23,14 @@ class RequestLimits:
     max_logprobs: int = 20
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
+    trust_request_chat_template: bool = False
+
+    def check_template(self, chat_template: str | None) -> None:
+        """A 400 for a request's own chat template unless the server trusts them (a template is code it runs:
+        a loop in one could hold a worker thread for hours)."""
+        if chat_template is not None and not self.trust_request_chat_template:
+            raise APIError(400, "chat_template in a request is refused: start the server with "
+                                "--trust-request-chat-template to allow it", param="chat_template")
 
     def check(self, req: P.SamplingRequest, logprobs: int | None, logprobs_field: str) -> None:
         """A 400 naming the field for a request over a cap."""

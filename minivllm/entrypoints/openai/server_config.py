@@ -31,6 +31,8 @@ class ServerConfig:
                                          "slower connection is closed (408)")
     timeout_keep_alive: int = arg(5, "seconds an idle keep-alive connection stays open")
     log_level: str = arg("info", "log level", choices=("debug", "info", "warning", "error"))
+    trust_request_chat_template: bool = arg(False, "accept a chat_template in requests (a template is code the "
+                                                   "server runs: off by default, as in vLLM)")
     root_path: str | None = arg(None, "the path prefix under which a proxy serves the app (FastAPI's root_path)")
     enable_request_id_headers: bool = arg(False, "echo a request's X-Request-Id header in its response (a new "
                                                  "id when it has none)")

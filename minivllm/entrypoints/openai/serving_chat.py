@@ -27,6 +27,7 @@ class ChatServing(ServingBase):
         self.limits.check(req, req.top_logprobs if req.top_logprobs is not None else k, "top_logprobs")
         if req.prompt_logprobs is not None:
             self.limits.check(req, req.prompt_logprobs, "prompt_logprobs")
+        self.limits.check_template(req.chat_template)
         ids = await self.tokenization.chat(req.messages, req.template_args())
         if req.truncate_prompt_tokens is not None:
             ids = ids[-req.truncate_prompt_tokens:]
