@@ -34,5 +34,9 @@ def test_continue_final_message_and_template_kwargs(llm):
     loud = llm.chat(MSGS[:1], params, use_tqdm=False, chat_template=template, chat_template_kwargs={"shout": True})
     want = llm.generate(["def add(a, b):!"], params, use_tqdm=False)
     assert loud[0]["token_ids"] == want[0]["token_ids"]
-    with pytest.raises(ValueError, match="continue_final_message"):
+    with pytest.raises(ValueError, match="continue_final_message cannot be combined"):
         llm.chat(MSGS, params, continue_final_message=True)
+    with pytest.raises(ValueError, match="continue_final_message needs the last message to be the assistant's"):
+        llm.chat(MSGS[:1], params, add_generation_prompt=False, continue_final_message=True)
+    with pytest.raises(ValueError, match="chat_template_kwargs may not set"):
+        llm.chat(MSGS[:1], params, chat_template_kwargs={"tokenize": True})

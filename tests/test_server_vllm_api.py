@@ -192,6 +192,9 @@ def test_continue_final_message_and_echo(server):
     assert text == out["choices"][0]["message"]["content"]
     assert error_param(server, "/v1/chat/completions", {**body, "add_generation_prompt": True}) == \
         "continue_final_message"
+    assert error_param(server, "/v1/chat/completions", {**body, "messages": MSGS[:1]}) == "continue_final_message"
+    assert error_param(server, "/v1/chat/completions", {**body, "chat_template_kwargs": {"tokenize": True}}) == \
+        "chat_template_kwargs"
 
 
 def test_chat_template_and_its_kwargs_per_request(server):

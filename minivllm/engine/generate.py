@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from minivllm.engine.tokenizer import chat_template_args
 from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
@@ -65,15 +66,10 @@ class GenerateMixin:
             raise ValueError("chat needs a tokenizer, and this checkpoint has none")
         if not chat_template and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("chat_template is needed: this model's tokenizer has none")
-        if continue_final_message and add_generation_prompt:
-            raise ValueError("continue_final_message cannot be combined with add_generation_prompt=True")
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        kwargs = dict(chat_template_kwargs or {})
-        if chat_template:
-            kwargs["chat_template"] = chat_template
-        prompts = [self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                      continue_final_message=continue_final_message, **kwargs)
-                   for c in conversations]
+        prompts = [self.tokenizer.apply_chat_template(c, tokenize=False, **chat_template_args(
+            add_generation_prompt, continue_final_message, chat_template, chat_template_kwargs,
+            c[-1].get("role") if c else None)) for c in conversations]
         ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -27,3 +28,23 @@ def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
             if ids and ids not in out and (ids is plain or (len(ids) == len(plain) and ids[0] != plain[0])):
                 out.append(ids)
     return out
+
+
+def chat_template_args(add_generation_prompt: bool, continue_final_message: bool, chat_template: str | None,
+                       kwargs: dict[str, Any] | None, last_role: str | None) -> dict[str, Any]:
+    """``apply_chat_template``'s keyword arguments, with vLLM's rules (ValueError naming the parameter): a final
+    message is continued only if it is the assistant's, and then no generation prompt is added; the template's
+    own arguments cannot be set through ``chat_template_kwargs``. ``last_role``: the last message's role."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message cannot be combined with add_generation_prompt: true")
+    if continue_final_message and last_role != "assistant":
+        raise ValueError("continue_final_message needs the last message to be the assistant's")
+    reserved = {"conversation", "messages", "tokenize", "chat_template", "add_generation_prompt",
+                "continue_final_message", "tools", "documents"} & set(kwargs or ())
+    if reserved:
+        raise ValueError(f"chat_template_kwargs may not set {sorted(reserved)}")
+    args = {**(kwargs or {}), "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message}
+    if chat_template is not None:
+        args["chat_template"] = chat_template
+    return args

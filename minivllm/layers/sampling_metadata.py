@@ -201,15 +201,16 @@ def build_sampling_metadata(
     rows: list[int] = []
     cols: list[int] = []
     for i, (p, out) in enumerate(zip(params, output_token_ids, strict=True)):
-        banned = set(bad_word_bans(p, out)) if p.bad_words_token_ids else set()
+        if not p.bad_words_token_ids and len(out) >= p.min_tokens:
+            continue  # NOTE: the common row: nothing built
+        banned = set(bad_word_bans(p, out))
         if len(out) < p.min_tokens:
             banned.update(p.stop_token_ids or ())
             if not p.ignore_eos:
                 banned.update(eos_token_ids[i] if per_row_eos else eos_token_ids)
-        if banned:
-            banned = sorted(t for t in banned if t is not None and 0 <= t < V)
-            rows.extend([i] * len(banned))
-            cols.extend(banned)
+        banned = sorted(t for t in banned if t is not None and 0 <= t < V)
+        rows.extend([i] * len(banned))
+        cols.extend(banned)
     if rows:
         md.banned_rows = _to_device(rows, torch.int64, device)
         md.banned_cols = _to_device(cols, torch.int64, device)

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minivllm import __version__
 from minivllm.engine.async_engine import AsyncLLM, EngineDeadError, EngineNotReadyError, EngineOverloadedError
+from minivllm.engine.tokenizer import chat_template_args
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai.errors import APIError, error_json
 from minivllm.entrypoints.openai.guards import RequestGuard, RequestIdHeader, guarded_h11
@@ -125,9 +126,9 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
         text = serving.tokenization
         if body.messages is not None:
             limits.check_template(body.chat_template)
-            ids = await text.chat(body.messages, P.template_args(
+            ids = await text.chat(body.messages, chat_template_args(
                 body.add_generation_prompt, body.continue_final_message, body.chat_template,
-                body.chat_template_kwargs, body.messages))
+                body.chat_template_kwargs, body.messages[-1].role if body.messages else None))
         else:
             ids = await text.encode(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         strs = text.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None

@@ -90,8 +90,6 @@ class Tokenization:
         if not args.get("chat_template") and not getattr(self.tokenizer, "chat_template", None):
             raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions, or send one "
                                 "in chat_template", param="messages")
-        if args.get("chat_template") is None:
-            args.pop("chat_template", None)
         msgs = [m.to_template() for m in messages]
         self._check_length(sum(len(str(m.get("content", ""))) for m in msgs), "messages")
         return await asyncio.to_thread(self._render, msgs, args)

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from minivllm.engine.tokenizer import chat_template_args
 from minivllm.sampling_params import SamplingParams
 
 
@@ -134,25 +135,9 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None
 
     def template_args(self) -> dict[str, Any]:
-        """The chat template's arguments of this request (400 naming the field for a contradiction)."""
-        return template_args(self.add_generation_prompt, self.continue_final_message, self.chat_template,
-                             self.chat_template_kwargs, self.messages)
-
-
-def template_args(add_generation_prompt: bool, continue_final_message: bool, chat_template: str | None,
-                  kwargs: dict[str, Any] | None, messages: list[ChatMessage]) -> dict[str, Any]:
-    """``apply_chat_template``'s keyword arguments (vLLM's rules: a final message is continued only if it is
-    the assistant's, and then no generation prompt is added)."""
-    if continue_final_message and add_generation_prompt:
-        raise ValueError("continue_final_message cannot be combined with add_generation_prompt: true")
-    if continue_final_message and messages and messages[-1].role != "assistant":
-        raise ValueError("continue_final_message needs the last message to be the assistant's")
-    reserved = {"conversation", "messages", "tokenize", "chat_template", "add_generation_prompt",
-                "continue_final_message", "tools", "documents"} & set(kwargs or ())
-    if reserved:
-        raise ValueError(f"chat_template_kwargs may not set {sorted(reserved)}")
-    return {**(kwargs or {}), "add_generation_prompt": add_generation_prompt,
-            "continue_final_message": continue_final_message, "chat_template": chat_template}
+        """The chat template's arguments of this request (ValueError naming the field for a contradiction)."""
+        return chat_template_args(self.add_generation_prompt, self.continue_final_message, self.chat_template,
+                                  self.chat_template_kwargs, self.messages[-1].role)
 
 
 class TokenizeRequest(BaseModel):
