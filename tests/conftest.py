@@ -106,7 +106,7 @@ def read_config(path: str) -> dict:
 
 def pytest_terminal_summary(terminalreporter, config):
     """The server stress suite's figures (tests/test_server_stress.py), when it ran."""
-    from server_utils import REPORT
+    from stress_report import REPORT
 
     lines = config.stash.get(REPORT, None)
     if lines:

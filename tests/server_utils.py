@@ -14,12 +14,9 @@ from pathlib import Path
 
 import httpx
 import openai
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the stress suite's figures, printed by conftest.py's terminal summary
-REPORT = pytest.StashKey[list]()
 
 
 def free_port() -> int:

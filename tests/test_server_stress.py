@@ -29,7 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_utils import REPORT, running_server
+from server_utils import running_server
+from stress_report import REPORT
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 KEY = "stress-key"
