@@ -122,3 +122,16 @@ def test_token_ids_outside_the_vocabulary_name_the_parameter(llm):
     for name, value in (("logit_bias", {vocab: 1.0}), ("allowed_token_ids", [0, vocab + 3])):
         with pytest.raises(ValueError, match=name):
             llm.generate(["x"], SamplingParams(**{name: value}))
+
+
+def test_a_bad_word_of_two_tokens_under_asynchronous_scheduling(tiny_tied_model):
+    """The ban of a word's last token reads the token just generated, whose value is still on its way under
+    asynchronous scheduling: the engine lets that step report first."""
+    with LLM(tiny_tied_model, device="cpu", max_model_len=128, async_scheduling=True) as llm:
+        params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        plain = llm.generate(["def f(x):"], params, use_tqdm=False)[0]["token_ids"]
+        banned = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        banned.bad_words_token_ids = [plain[:2]]  # NOTE: as the engine derives them from bad_words
+        assert banned.needs_output_tokens
+        out = llm.generate(["def f(x):"], banned, use_tqdm=False)[0]["token_ids"]
+    assert out[0] == plain[0] and out[1] != plain[1]

@@ -47,7 +47,7 @@ class LLMEngine(GenerateMixin):
         self._seq_to_request: dict[int, tuple[RequestState, int]] = {}
         # asynchronous scheduling: the launched step whose tokens are not on the host yet
         self._inflight: tuple[SchedulerOutput, object] | None = None
-        self._penalized: set[str] = set()  # live requests whose sampling reads their token values (penalties)
+        self._penalized: set[str] = set()  # live requests whose sampling reads their token values (penalties, bad words)
         self._ids = count()
         self._seq_ids = count()
         # NOTE: a finalizer (not atexit.register(self.close)) so a dropped engine can be collected;
@@ -93,10 +93,8 @@ class LLMEngine(GenerateMixin):
             bad = next((t for t in ids if t >= vocab), None)
             if bad is not None:
                 raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab})")
-        if params.bad_words and not params.bad_words_token_ids:
-            if self.tokenizer is None:
-                raise ValueError("bad_words needs a tokenizer, and this checkpoint has none")
-            params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
+        if params.bad_words and self.tokenizer is None:
+            raise ValueError("bad_words needs a tokenizer, and this checkpoint has none")
         if params.max_tokens is not None and params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
         if params.temperature < 0:
@@ -124,6 +122,8 @@ class LLMEngine(GenerateMixin):
     def _add(self, text: str | None, token_ids: list[int], params: SamplingParams,
              request_id: str | None = None, stream: bool = False) -> str:
         self._validate(token_ids, params)
+        if params.bad_words and not params.bad_words_token_ids:  # NOTE: derived once, by this engine's tokenizer
+            params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -179,7 +179,7 @@ class LLMEngine(GenerateMixin):
         touched: dict[str, RequestState] = {}
         if self._inflight is not None and self._penalized and any(
                 seq.sampling_params.needs_output_tokens for seq in self.scheduler.running):
-            # NOTE: penalties read the token values: the step in flight reports before scheduling
+            # NOTE: penalties and bad words read the token values: the step in flight reports before scheduling
             self._resolve(self._inflight, touched)
             self._inflight = None
         sched = self.scheduler.schedule()
