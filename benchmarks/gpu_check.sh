@@ -14,6 +14,9 @@
 #   profile    benchmarks/profile_step.py on Qwen3-0.6B (host phases, kernel table)
 #   kernels    benchmarks/bench_kernels.py (decode attention), bench_gemv.py, bench_sampler.py
 #   lazy       benchmarks/lazy_compiles.py: no Triton kernel compiles after start-up
+#   structured benchmarks/structured/bench_structured.py: grammar masks of 256 rows x 151,936 tokens, and nano with
+#              25% of requests under a JSON schema against nano unconstrained (needs llguidance from .whl/ and the
+#              tokenizer in .bench/bigtok, made by benchmarks/structured/big_tokenizer.py)
 #   tp         benchmarks/tp_scaling.py on Qwen3-8B at TP sizes $TP_SIZES (default "1 2"; 2+ GPUs)
 # Results (JSON, logs) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
 # NOTE: the device tool brings back at most 8 files from $OUT: leave results.tgz there rather than copies of each file.
@@ -58,6 +61,11 @@ for s in $sections; do
              here timeout 90 python3 benchmarks/bench_sampler.py --fused > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt" ;;
     lazy) here timeout 300 python3 benchmarks/lazy_compiles.py --model qwen3-0.6b --json-out "$R/lazy.json" > "$R/lazy.txt" 2>&1
           grep -v "^  \[" "$R/lazy.txt" | tail -14 ;;
+    structured) [ -d .bench/bigtok ] || here timeout 200 python3 benchmarks/structured/big_tokenizer.py .bench/bigtok
+                here timeout 200 python3 benchmarks/structured/bench_structured.py mask --tokenizer .bench/bigtok \
+                  --threads ${SO_THREADS:-8} --json-out "$R/so_mask.json" 2>&1 | tail -6
+                here timeout 500 python3 benchmarks/structured/bench_structured.py nano --tokenizer .bench/bigtok \
+                  --repeat ${SO_REPEAT:-3} --json-out "$R/so_nano.json" 2>&1 | tail -3 ;;
     tp) here timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 240 --model qwen3-8b --tp ${TP_SIZES:-1 2} \
           --json-out "$R/tp_8b.json" 2>&1 | grep -v "^{" | tail -12 ;;
     *) echo "unknown section $s" ;;

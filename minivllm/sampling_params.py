@@ -6,6 +6,9 @@ import math
 from dataclasses import dataclass, field
 
 from minivllm.config.fields import check_types
+from minivllm.structured_outputs_params import StructuredOutputsParams
+
+__all__ = ["SamplingParams", "StructuredOutputsParams"]
 
 
 @dataclass
@@ -39,6 +42,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     _stop: list[str] = field(default_factory=list, init=False, repr=False)
     #: the token ids of each bad word (with and without a leading space), set by the engine's tokenizer
     bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
@@ -86,6 +90,9 @@ class SamplingParams:
         self._check_token_edits()
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(f"truncate_prompt_tokens must be an integer >= 1, got {self.truncate_prompt_tokens}")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")
 
     def _check_token_edits(self) -> None:
         """``logit_bias`` ({token id: bias in [-100, 100]}), ``allowed_token_ids`` and ``bad_words``."""

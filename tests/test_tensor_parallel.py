@@ -144,6 +144,25 @@ def test_tp2_prompt_logprobs_and_logit_bias_match_tp1(tp2_tied, tiny_tied_model)
         assert g.keys() == w.keys() and all(abs(g[t].logprob - w[t].logprob) < 1e-4 for t in g)
 
 
+def test_tp2_structured_outputs_match_tp1(tiny_tied_model):
+    """Rows under a grammar at TP=2, sampled after their forward while the workers wait on the tokens'
+    broadcast (asynchronous scheduling): TP=1's tokens, and free rows beside them untouched."""
+    import re
+
+    from minivllm.sampling_params import StructuredOutputsParams
+
+    params = [SamplingParams(temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(
+        regex=r"[a-z]{2,5}-[0-9]{2}")), GREEDY,
+        SamplingParams(temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(choice=["ab", "cd"]))]
+    prompts = ["x = ", PROMPTS[3], "y"]
+    with LLM(tiny_tied_model, async_scheduling=True, **KW) as ref:
+        want = ref.generate(prompts, params, use_tqdm=False)
+    with LLM(tiny_tied_model, tensor_parallel_size=2, async_scheduling=True, **KW) as llm:
+        got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in want]
+    assert re.fullmatch(r"[a-z]{2,5}-[0-9]{2}", got[0]["text"]) and got[2]["text"] in ("ab", "cd")
+
+
 @pytest.mark.slow
 def test_tp2_chunked_prefill_small_cache(tiny_tied_model):
     ref, _ = _reference(tiny_tied_model, **CHUNKED)

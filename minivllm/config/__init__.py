@@ -10,17 +10,24 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from minivllm.config.engine import CacheConfig, DeviceConfig, ParallelConfig, SchedulerConfig
+from minivllm.config.engine import (
+    CacheConfig,
+    DeviceConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    StructuredOutputsConfig,
+)
 from minivllm.config.fields import engine_arg_fields
 from minivllm.config.model import ArchConfig, ModelConfig
 from minivllm.envs import Envs, read_envs
 
 __all__ = ["ArchConfig", "CacheConfig", "Config", "DeviceConfig", "ModelConfig", "ParallelConfig",
-           "SchedulerConfig"]
+           "SchedulerConfig", "StructuredOutputsConfig"]
 
 #: sub-config attribute of ``Config`` -> its class; every engine argument is a field of one of them
 SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "scheduler_config": SchedulerConfig,
-               "parallel_config": ParallelConfig, "device_config": DeviceConfig}
+               "parallel_config": ParallelConfig, "device_config": DeviceConfig,
+               "structured_outputs_config": StructuredOutputsConfig}
 
 
 @dataclass
@@ -35,6 +42,7 @@ class Config:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     envs: Envs = field(default_factory=read_envs)
 
     def __post_init__(self) -> None:

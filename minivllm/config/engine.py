@@ -1,4 +1,5 @@
-"""The engine's sub-configs besides the model's: KV cache, scheduler, parallelism, device and kernels."""
+"""The engine's sub-configs besides the model's: KV cache, scheduler, structured outputs, parallelism, device and
+kernels."""
 
 from __future__ import annotations
 
@@ -54,6 +55,22 @@ class SchedulerConfig:
         if self.max_long_partial_prefills > self.max_num_partial_prefills:
             raise ValueError("max_long_partial_prefills must not exceed max_num_partial_prefills")
         at_least("long_prefill_threshold", self.long_prefill_threshold, 0)
+
+
+@dataclass
+class StructuredOutputsConfig:
+    """Structured outputs (grammars, with llguidance): the compiled-grammar cache and the mask-filling threads."""
+
+    structured_outputs_cache_size: int = arg(256, "compiled grammars kept (one per distinct schema, regex, choice "
+                                                  "or grammar; the least recently used goes first)")
+    structured_outputs_threads: int | None = arg(None, "host threads that fill a step's grammar masks (default: "
+                                                       "the CPU count, at most 8)")
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        at_least("structured_outputs_cache_size", self.structured_outputs_cache_size, 1)
+        if self.structured_outputs_threads is not None:
+            at_least("structured_outputs_threads", self.structured_outputs_threads, 1)
 
 
 @dataclass

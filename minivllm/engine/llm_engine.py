@@ -14,13 +14,15 @@ from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.sequence import Sequence
 from minivllm.engine.detokenizer import IncrementalDetokenizer, special_token_ids
 from minivllm.engine.generate import GenerateMixin
+from minivllm.engine.input_processor import InputProcessorMixin
 from minivllm.engine.request_state import RequestState
+from minivllm.engine.structured_output import StructuredOutputManager, StructuredOutputMixin
 from minivllm.engine.tokenizer import bad_words_token_ids, load_tokenizer
 from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
 
-class LLMEngine(GenerateMixin):
+class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
     """The offline engine: ``add_request`` / ``step`` / ``is_finished``, and ``generate`` on top."""
 
     def __init__(self, model: str, **kwargs):
@@ -43,62 +45,20 @@ class LLMEngine(GenerateMixin):
             max_num_partial_prefills=sc.max_num_partial_prefills,
             max_long_partial_prefills=sc.max_long_partial_prefills,
             long_prefill_threshold=sc.long_prefill_threshold)
+        self.structured = None if self.tokenizer is None else StructuredOutputManager(
+            self.tokenizer, mc.arch.vocab_size, eos, config.structured_outputs_config)
+        self._awaiting_grammar: dict[str, tuple[RequestState, object]] = {}  # request id -> (state, compile future)
         self._requests: dict[str, RequestState] = {}
         self._seq_to_request: dict[int, tuple[RequestState, int]] = {}
         # asynchronous scheduling: the launched step whose tokens are not on the host yet
         self._inflight: tuple[SchedulerOutput, object] | None = None
+        self._pending = None  # a step whose forward runs while its grammar masks are filled (StructuredOutputMixin)
         self._penalized: set[str] = set()  # live requests whose sampling reads their token values (penalties, bad words)
         self._ids = count()
         self._seq_ids = count()
         # NOTE: a finalizer (not atexit.register(self.close)) so a dropped engine can be collected;
         # it also runs at interpreter exit.
-        self._finalizer = weakref.finalize(self, self.executor.close)
-
-    # ------------------------------------------------------------------ input
-    def _tokenize(self, prompt: str | list[int], params: SamplingParams | None = None) -> tuple[str | None, list[int]]:
-        """``(text or None, token ids)`` of a prompt, cut to its last ``params.truncate_prompt_tokens`` (as vLLM)."""
-        text, ids = self._encode(prompt)
-        if params is not None and params.truncate_prompt_tokens is not None:
-            ids = ids[-params.truncate_prompt_tokens:]
-        return text, ids
-
-    def _encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise ValueError(f"prompt is not valid Unicode text (a lone UTF-16 surrogate at character "
-                                 f"{exc.start})") from None
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return None, list(prompt)
-        raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        if not token_ids:
-            raise ValueError("the prompt is empty: it must have at least one token")
-        max_len = self.config.model_config.max_model_len
-        if len(token_ids) >= max_len:  # NOTE: before the walk over the ids below
-            raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is {max_len}: "
-                             f"it must be shorter to leave room for at least one generated token")
-        vocab = self.config.model_config.arch.vocab_size
-        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
-            bad = next((t for t in ids if t >= vocab), None)
-            if bad is not None:
-                raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab})")
-        if params.bad_words and self.tokenizer is None:
-            raise ValueError("bad_words needs a tokenizer, and this checkpoint has none")
-        if params.max_tokens is not None and params.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
-        if params.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+        self._finalizer = weakref.finalize(self, _close, self.executor, self.structured)
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
                     request_id: str | None = None, stream: bool = False, strict_length: bool = False) -> str:
@@ -140,9 +100,14 @@ class LLMEngine(GenerateMixin):
                 include_stop_str_in_output=p.include_stop_str_in_output, min_tokens=p.min_tokens,
                 special_ids=self.special_ids) if needs_detok and self.tokenizer is not None else None)
         for i, seq in enumerate(req.seqs):
-            self.scheduler.add(seq)
             self._seq_to_request[seq.seq_id] = (req, i)
         self._requests[request_id] = req
+        so = params.structured_outputs
+        if so is not None and not self.structured.cached(so):
+            # NOTE: compiled on the grammar thread; the request joins the scheduler when it is ready (step)
+            self._awaiting_grammar[request_id] = (req, self.structured.submit(so))
+        else:
+            self._schedule(req, self.structured.prepare(so) if so is not None else None)
         if params.needs_output_tokens:
             self._penalized.add(request_id)
         return request_id
@@ -153,8 +118,12 @@ class LLMEngine(GenerateMixin):
         self._penalized.discard(request_id)
         if req is None:
             return
+        scheduled = self._awaiting_grammar.pop(request_id, None) is None
         for i, seq in enumerate(req.seqs):
-            self.scheduler.finish(seq, "abort")
+            if scheduled:
+                self.scheduler.finish(seq, "abort")
+            if self.structured is not None:
+                self.structured.drop(seq.seq_id)
             self._seq_to_request.pop(seq.seq_id, None)
             if req.output.outputs[i].finish_reason is None:
                 req.output.outputs[i].finish_reason = "abort"
@@ -177,21 +146,27 @@ class LLMEngine(GenerateMixin):
         """
         t0 = time.perf_counter()
         touched: dict[str, RequestState] = {}
-        if self._inflight is not None and self._penalized and any(
+        if self._awaiting_grammar:
+            self._admit_compiled(touched)
+        if (self._inflight is not None or self._pending is not None) and self._penalized and any(
                 seq.sampling_params.needs_output_tokens for seq in self.scheduler.running):
             # NOTE: penalties and bad words read the token values: the step in flight reports before scheduling
+            self._sample_pending()
             self._resolve(self._inflight, touched)
             self._inflight = None
         sched = self.scheduler.schedule()
-        launched = None
-        if not sched.is_empty:
-            launched = (sched, self.executor.launch(sched))
+        self._sample_pending()  # NOTE: before the next forward, which reads its tokens on the device
+        launched = self._launch(sched) if not sched.is_empty else None
         previous, self._inflight = self._inflight, launched
         if previous is not None:
             self._resolve(previous, touched)
-        if not self.config.scheduler_config.async_scheduling and launched is not None:
-            self._inflight = None
-            self._resolve(launched, touched)
+        if self._pending is not None:
+            self._pending.fill = self.structured.fill_async(self._pending.sched)  # grammars hold every token now
+        if not self.config.scheduler_config.async_scheduling:
+            self._sample_pending()
+            if self._inflight is not None:
+                self._resolve(self._inflight, touched)
+                self._inflight = None
         outputs = [self._snapshot(req) for req in touched.values()]
         bm = self.block_manager
         stats = StepStats(
@@ -213,8 +188,12 @@ class LLMEngine(GenerateMixin):
                 owner[0].on_prompt_logprobs(first, entries)
         updated = self.scheduler.update_from_output(sched, sampled.token_ids)
         now = time.monotonic()
+        grammars = self.structured.grammars if self.structured is not None else None
         for row, seq in updated:
             req, i = self._seq_to_request[seq.seq_id]
+            if grammars and seq.seq_id in grammars and self.structured.accept(seq.seq_id, sampled.token_ids[row]):
+                if not seq.is_finished:  # NOTE: the grammar is complete: nothing but EOS may follow
+                    self.scheduler.finish(seq, "stop")
             req.on_token(i, seq, sampled.token_ids[row], sampled.logprobs_of(row), now, self.scheduler.finish)
             if req.stream or seq.is_finished:  # NOTE: offline requests report only at the end
                 touched[req.request_id] = req
@@ -224,6 +203,8 @@ class LLMEngine(GenerateMixin):
         out, finished_seq_ids = req.snapshot(self.decode)
         for seq_id in finished_seq_ids:
             self._seq_to_request.pop(seq_id, None)
+            if self.structured is not None:
+                self.structured.drop(seq_id)
         if out.finished:
             self._requests.pop(req.request_id, None)
             self._penalized.discard(req.request_id)
@@ -248,3 +229,9 @@ class LLMEngine(GenerateMixin):
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+
+def _close(executor, structured) -> None:
+    executor.close()
+    if structured is not None:
+        structured.close()

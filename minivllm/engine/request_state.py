@@ -49,7 +49,7 @@ class RequestState:
             out.delta_logprobs = (out.delta_logprobs or []) + [logprobs]
         detok = self.detoks[i]
         if detok is not None:
-            if seq.is_finished and seq.finish_reason == "stop":
+            if seq.is_finished and seq.finish_reason == "stop" and seq.stop_reason == token_id:
                 out.delta_text += detok.finish()  # a stop token id adds no text (as in vLLM)
             else:
                 out.delta_text += detok.step([token_id], finished=seq.is_finished)

@@ -109,3 +109,18 @@ def paged_decode_torch(
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     out = torch.einsum("rkgt,rtkd->rkgd", scores.softmax(-1), v.float())  # [rows, kv, g, d]
     return out.reshape(num_rows, num_heads, head_dim).to(query.dtype)
+
+
+def apply_grammar_bitmask_ref(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """``logits`` ([B, V] float32, in place): row ``rows[j]`` keeps only the tokens whose bit is set in
+    ``bitmask[j]`` ([R, W] int32, token ``t`` at bit ``t % 32`` of word ``t // 32``); the others get ``-inf``."""
+    if bitmask.shape[0] == 0:
+        return logits
+    V = logits.shape[1]
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :V].bool()  # [R, V]
+    if allowed.shape[1] < V:  # a mask narrower than the logits allows none of the extra columns
+        allowed = torch.nn.functional.pad(allowed, (0, V - allowed.shape[1]))
+    sub = logits[rows]  # [R, V]
+    logits[rows] = sub.masked_fill_(~allowed, float("-inf"))
+    return logits

@@ -8,7 +8,8 @@ host-side Python bool, so the forward pass never synchronizes with the device.
 Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float32):
 
 1. **token edits** (``layers/token_edits.py``) -- ``allowed_token_ids``: ``l[t] = -inf`` for every other
-   ``t``; ``logit_bias``: ``l[t] += bias[t]``. Then **bans**: ``l[t] = -inf`` for the last token ``t`` of
+   ``t``; ``logit_bias``: ``l[t] += bias[t]``. Then the **grammar** of a row under structured outputs:
+   ``l[t] = -inf`` for every token its bitmask leaves out. Then **bans**: ``l[t] = -inf`` for the last token ``t`` of
    each bad word whose other tokens end the output so far, and, while ``len(output_b) < min_tokens``,
    for every ``t`` in the request's ``stop_token_ids`` and (unless ``ignore_eos``) in the EOS ids.
 2. **repetition penalty** ``r`` (HF / vLLM; applies to tokens seen in the prompt OR the output)::
@@ -112,13 +113,25 @@ class Sampler(nn.Module):
         super().__init__()
         self.fused = fused
 
+    def _apply_grammar(self, x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+        """The grammar's ``-inf`` on ``x`` ([B, V] float32): one Triton pass where Triton runs, else torch."""
+        if self.fused:
+            from minivllm.kernels.grammar_mask import apply_grammar_bitmask
+
+            apply_grammar_bitmask(x, rows, bitmask)
+        else:
+            from minivllm.kernels.reference import apply_grammar_bitmask_ref
+
+            apply_grammar_bitmask_ref(x, rows, bitmask)
+
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != md.batch_size:
             raise ValueError(f"logits must be [{md.batch_size}, V], got {tuple(logits.shape)}")
         if md.output_counts is not None and md.output_counts.shape[1] != logits.shape[1]:
             raise ValueError("metadata vocab_size does not match the logits width")
 
-        modifies = md.banned_rows is not None or md.edits is not None or not md.no_penalties
+        modifies = (md.banned_rows is not None or md.edits is not None or not md.no_penalties
+                    or md.grammar_rows is not None)
         fused = (self.fused and not md.all_greedy
                  and md.no_top_k and md.no_top_p and md.no_min_p)
         if (md.all_greedy or fused) and not modifies:
@@ -126,6 +139,8 @@ class Sampler(nn.Module):
         else:
             x = logits.to(torch.float32, copy=True)  # `logits` itself stays raw for the logprobs
             x = apply_token_edits(x, md.edits)
+            if md.grammar_rows is not None:
+                self._apply_grammar(x, md.grammar_rows, md.grammar_bitmask)
             x = apply_bans(x, md)
             x = apply_penalties(x, md)
 

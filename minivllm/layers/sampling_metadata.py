@@ -52,6 +52,8 @@ class SamplingMetadata:
     banned_rows: torch.Tensor | None = None  # [M] int64  (positions to set to -inf: min_tokens, bad words)
     banned_cols: torch.Tensor | None = None  # [M] int64
     edits: TokenEdits | None = None  # logit_bias, allowed_token_ids
+    grammar_rows: torch.Tensor | None = None  # [R] int64: the rows under a grammar (structured outputs)
+    grammar_bitmask: torch.Tensor | None = None  # [R, ceil(V / 32)] int32: the tokens each may take, packed
     # --- randomness ---
     seeded: list[tuple[int, torch.Generator]] = field(default_factory=list)  # (row, generator)
     seeded_keys: list[tuple[int, int]] = field(default_factory=list)  # (row, 63-bit key of seed and step)
@@ -116,13 +118,15 @@ def build_sampling_metadata(
     device: torch.device | str,
     vocab_size: int,
     generator: torch.Generator | None = None,
+    grammar: tuple[Sequence[int], torch.Tensor] | None = None,
 ) -> SamplingMetadata:
     """Build the per-step metadata for ``len(params)`` rows (row ``i`` = ``params[i]``).
 
     ``output_token_ids[i]`` are the tokens the request already generated (its length is the step
     number used for seeding and for ``min_tokens``; the values are read for penalties and bad words). ``eos_token_ids`` is either the model's EOS
     ids shared by every row (``[151645, 151643]``) or one list per row. ``generator`` (optional,
-    on ``device``) is used by the unseeded rows; default: torch's global RNG.
+    on ``device``) is used by the unseeded rows; default: torch's global RNG. ``grammar``: ``(rows, bitmask)``,
+    the packed masks (``[len(rows), ceil(V / 32)]`` int32, on the host) of the rows under a grammar.
     """
     device = torch.device(device)
     batch = len(params)
@@ -216,6 +220,12 @@ def build_sampling_metadata(
         md.banned_cols = _to_device(cols, torch.int64, device)
     if any(p.logit_bias or p.allowed_token_ids for p in params):
         md.edits = build_token_edits(params, V, device, _to_device)
+
+    if grammar is not None and len(grammar[0]):
+        md.grammar_rows = _to_device(list(grammar[0]), torch.int64, device)
+        mask = grammar[1]
+        md.grammar_bitmask = (mask.pin_memory().to(device, non_blocking=True) if device.type == "cuda"
+                              else mask.to(device))
 
     if not all_greedy:
         md.seeded_keys = seeded_keys(params, [len(out) for out in output_token_ids])

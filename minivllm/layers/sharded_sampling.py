@@ -37,7 +37,7 @@ def sharded_temperatures(params: Sequence[SamplingParams], num_generated: Sequen
                          fused: bool) -> np.ndarray | None:
     """[rows] float32 temperatures (0.0 on greedy rows) if the sharded path samples this step exactly, else None.
 
-    It does when no row asks for logprobs, has a penalty, a token edit or a pending ``min_tokens`` (``num_generated``:
+    It does when no row asks for logprobs, has a penalty, a token edit, a grammar or a pending ``min_tokens`` (``num_generated``:
     each row's tokens so far), and every random row takes the fused pass (``fused``: the sampler
     uses it on this device) without top-k / top-p / min-p. An all-greedy step qualifies either way.
     """
@@ -45,7 +45,8 @@ def sharded_temperatures(params: Sequence[SamplingParams], num_generated: Sequen
         return None
     temps = []
     for p, n in zip(params, num_generated, strict=True):
-        if p.logprobs is not None or p.has_penalties or p.edits_logits or n < p.min_tokens:
+        if (p.logprobs is not None or p.has_penalties or p.edits_logits or n < p.min_tokens
+                or p.structured_outputs is not None):
             return None
         if p.temperature < SAMPLING_EPS:
             temps.append(0.0)

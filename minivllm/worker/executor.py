@@ -45,6 +45,14 @@ class UniProcExecutor:
         """Start one step; returns a handle whose ``result()`` gives its ``SampledTokens``."""
         return self.runner.launch(out)
 
+    def start_step(self, out: SchedulerOutput):
+        """Queue one step's forward only (``ModelRunner.start_step``); ``finish_step`` samples it."""
+        return self.runner.start_step(out)
+
+    def finish_step(self, fwd, grammar=None):
+        """Sample a started step with its grammar masks; returns its handle (as ``launch``)."""
+        return self.runner.finish_step(fwd, grammar)
+
     def run(self, out: SchedulerOutput) -> SampledTokens:
         return self.launch(out).result()
 

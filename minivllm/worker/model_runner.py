@@ -15,6 +15,8 @@ placeholders listed in ``StepInputs.prev_token_index``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from minivllm.config import Config
@@ -31,9 +33,19 @@ from minivllm.models.registry import get_model_class
 from minivllm.worker.executor import SampledTokens
 from minivllm.worker.input_batch import StepInputs, build_step_inputs
 from minivllm.worker.kv_cache import allocate_kv_cache
-from minivllm.worker.prompt_logprobs import prompt_logits, prompt_logprobs
+from minivllm.worker.prompt_logprobs import PromptLogprobs, prompt_logits, prompt_logprobs
 from minivllm.worker.step_handle import StepHandle
 from minivllm.worker.warmup import warm_sampling
+
+
+class Forward(NamedTuple):
+    """A step whose forward is queued and whose sampling is not: ``ModelRunner.finish_step`` takes it."""
+
+    out: SchedulerOutput
+    inp: StepInputs
+    logits: torch.Tensor | None  # [sampled rows, vocab] (a sharded step: this rank's slice)
+    prompt: PromptLogprobs | None
+
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -178,20 +190,33 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput, inp: StepInputs | None = None) -> StepHandle:
         """Prepare, forward and sample one step without waiting for the device."""
+        return self.finish_step(self.start_step(out, inp))
+
+    @torch.inference_mode()
+    def start_step(self, out: SchedulerOutput, inp: StepInputs | None = None) -> Forward:
+        """Prepare and queue the forward of one step; ``finish_step`` samples it. Structured outputs split the two:
+        the host fills the step's grammar masks while the device runs the forward."""
         inp = inp if inp is not None else self.prepare_inputs(out)
         logits = self.execute(inp)
-        self.prev_sampled = None
         prompt = prompt_logprobs(self.prompt_logprobs, out) if self.prompt_logprobs is not None else None
+        return Forward(out, inp, logits, prompt)
+
+    @torch.inference_mode()
+    def finish_step(self, fwd: Forward, grammar=None) -> StepHandle:
+        """Sample a started step (``grammar``: its masks, ``.rows`` and ``.bitmask``, or None) and start its tokens
+        on their way to the host. NOTE: before the next step starts: that one reads these tokens on the device."""
+        out, inp, logits = fwd.out, fwd.inp, fwd.logits
+        self.prev_sampled = None
         if logits is None:
-            return StepHandle.ready(SampledTokens([]), prompt)
+            return StepHandle.ready(SampledTokens([]), fwd.prompt)
         if inp.sample_temperatures is not None:
             res = self._sample_sharded(logits, inp, out)
         else:
-            res = self._sample(logits, out)
+            res = self._sample(logits, out, grammar)
         self.prev_sampled = res.sampled_token_ids
         if self.share_sampled:
             self.tp_group.broadcast(res.sampled_token_ids, src=0)
-        return StepHandle(res, [s.params.logprobs for s in out.sampled], prompt)
+        return StepHandle(res, [s.params.logprobs for s in out.sampled], fwd.prompt)
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         """Rank 0: the step's ``StepInputs`` for every rank, marked for sharded sampling where it applies."""
@@ -207,7 +232,7 @@ class ModelRunner:
         self.num_sharded_steps += 1
         return SamplerOutput(self.shard_sampler(logits, inp.sample_temperatures, keys))
 
-    def _sample(self, logits: torch.Tensor, out: SchedulerOutput) -> SamplerOutput:
+    def _sample(self, logits: torch.Tensor, out: SchedulerOutput, grammar=None) -> SamplerOutput:
         rows = out.sampled
         params = [s.params for s in rows]
         if any(s.penalty_token_ids is not None for s in rows):
@@ -215,5 +240,6 @@ class ModelRunner:
             outputs = [s.penalty_token_ids[1] if s.penalty_token_ids else range(s.num_output_tokens) for s in rows]
         else:  # NOTE: without penalties only the output lengths are read (seeds, min_tokens): no copies
             prompts, outputs = [()] * len(rows), [range(s.num_output_tokens) for s in rows]
-        meta = build_sampling_metadata(params, prompts, outputs, self.eos_token_ids, self.device, self.vocab_size)
+        meta = build_sampling_metadata(params, prompts, outputs, self.eos_token_ids, self.device, self.vocab_size,
+                                       grammar=(grammar.rows, grammar.bitmask) if grammar is not None else None)
         return self.sampler(logits, meta)

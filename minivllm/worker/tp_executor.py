@@ -120,6 +120,11 @@ class MultiProcExecutor:
 
         Raises RuntimeError (here or from ``result()``) if a worker died.
         """
+        return self.finish_step(self.start_step(out))
+
+    def start_step(self, out: SchedulerOutput):
+        """Queue one step's forward on every rank; ``finish_step`` samples it (rank 0), and the workers' share of
+        the step (a sharded sampling, the broadcast of the tokens) waits on the device until then."""
         self._raise_if_failed()
         if self.runner is None:
             raise RuntimeError("the tensor-parallel executor is closed")
@@ -128,7 +133,11 @@ class MultiProcExecutor:
         # collectives match across ranks.
         inp = self.runner.prepare_inputs(out)
         self._broadcast("execute_step", inp)
-        return _TPStepHandle(self, self._guard(self.runner.launch, out, inp))
+        return self._guard(self.runner.start_step, out, inp)
+
+    def finish_step(self, fwd, grammar=None) -> _TPStepHandle:
+        """Sample a started step on rank 0 (with its grammar masks); returns its handle."""
+        return _TPStepHandle(self, self._guard(self.runner.finish_step, fwd, grammar))
 
     def run(self, out: SchedulerOutput) -> SampledTokens:
         return self.launch(out).result()

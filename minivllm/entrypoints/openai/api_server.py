@@ -33,6 +33,7 @@ from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body
 from minivllm.entrypoints.openai.server_config import ServerConfig
 from minivllm.entrypoints.openai.serving import OpenAIServing
+from minivllm.entrypoints.openai.serving_base import ChatParsers
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
 
 logger = logging.getLogger("minivllm.server")
@@ -59,7 +60,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
     async_llm.stat_loggers.append(stats)
     limits = RequestLimits(config.max_n, config.max_logprobs, config.max_stop_strings, config.max_stop_string_chars,
                            config.trust_request_chat_template)
-    serving = OpenAIServing(async_llm, served_model_name, limits)
+    serving = OpenAIServing(async_llm, served_model_name, limits, ChatParsers(
+        config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser))
     created = int(time.time())
 
     @asynccontextmanager
@@ -126,9 +128,11 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
         text = serving.tokenization
         if body.messages is not None:
             limits.check_template(body.chat_template)
-            ids = await text.chat(body.messages, chat_template_args(
-                body.add_generation_prompt, body.continue_final_message, body.chat_template,
-                body.chat_template_kwargs, body.messages[-1].role if body.messages else None))
+            args = chat_template_args(body.add_generation_prompt, body.continue_final_message, body.chat_template,
+                                      body.chat_template_kwargs, body.messages[-1].role if body.messages else None)
+            if body.tools:
+                args["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
+            ids = await text.chat(body.messages, args)
         else:
             ids = await text.encode(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         strs = text.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None

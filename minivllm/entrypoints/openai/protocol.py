@@ -3,12 +3,14 @@ responses in OpenAI's exact shapes."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from minivllm.engine.tokenizer import chat_template_args
-from minivllm.sampling_params import SamplingParams
+from minivllm.entrypoints.openai.structured import ResponseFormat, StructuredOutputsRequest, Tool, ToolChoice
+from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 class StreamOptions(BaseModel):
@@ -49,6 +51,8 @@ class SamplingRequest(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     truncate_prompt_tokens: int | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -70,8 +74,8 @@ class SamplingRequest(BaseModel):
             bias[int(key)] = value
         return bias
 
-    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                           prompt_logprobs: int | None = None) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
+                           structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         """The engine's SamplingParams (raises ValueError on out-of-range values)."""
         def pick(value, default):
             return default if value is None else value
@@ -87,7 +91,7 @@ class SamplingRequest(BaseModel):
             skip_special_tokens=self.skip_special_tokens, logit_bias=self.token_bias(),
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
-            truncate_prompt_tokens=self.truncate_prompt_tokens)
+            truncate_prompt_tokens=self.truncate_prompt_tokens, structured_outputs=structured_outputs)
 
 
 class CompletionRequest(SamplingRequest):
@@ -109,14 +113,30 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
     def to_template(self) -> dict[str, Any]:
-        """The message as the chat template expects it (text parts joined)."""
+        """The message as the chat template expects it: text parts joined, and the arguments of an assistant's
+        ``tool_calls`` as objects (OpenAI sends them as JSON text; templates write them out as JSON)."""
         d = self.model_dump(exclude_none=True)
+        calls = d.get("tool_calls")
+        if calls is not None:
+            d["tool_calls"] = [_template_call(c) for c in calls] if isinstance(calls, list) else calls
         if isinstance(self.content, list):
             if any(p.get("type") != "text" or not isinstance(p.get("text"), str) for p in self.content):
                 raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
             d["content"] = "".join(p["text"] for p in self.content)
         d.setdefault("content", "")
         return d
+
+
+def _template_call(call: Any) -> Any:
+    """An assistant's tool call with its ``function.arguments`` parsed (ValueError naming the field if not JSON)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        args = json.loads(fn["arguments"])
+    except ValueError:
+        raise ValueError(f"messages: tool_calls arguments must be JSON text, got {fn['arguments']!r}") from None
+    return {**call, "function": {**fn, "arguments": args}}
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -133,11 +153,25 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        """``tool_choice``, defaulting as OpenAI does: ``auto`` with tools, ``none`` without."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
 
     def template_args(self) -> dict[str, Any]:
-        """The chat template's arguments of this request (ValueError naming the field for a contradiction)."""
-        return chat_template_args(self.add_generation_prompt, self.continue_final_message, self.chat_template,
+        """The chat template's arguments of this request (ValueError naming the field for a contradiction); the
+        tools go to the template whatever the tool choice, as in vLLM."""
+        args = chat_template_args(self.add_generation_prompt, self.continue_final_message, self.chat_template,
                                   self.chat_template_kwargs, self.messages[-1].role)
+        if self.tools:
+            args["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
+        return args
 
 
 class TokenizeRequest(BaseModel):
@@ -151,6 +185,7 @@ class TokenizeRequest(BaseModel):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
     return_token_strs: bool = False
 
 

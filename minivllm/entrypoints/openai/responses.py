@@ -99,11 +99,49 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text of an object
+
+
+class ToolCall(BaseModel):
+    """A call the model made, in OpenAI's shape."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
-    """The generated message of a chat choice."""
+    """The generated message of a chat choice: its text, the model's reasoning (``--reasoning-parser``) and
+    the tools it called."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class _Sparse(BaseModel):
+    """A stream delta's part: only the fields that are set are sent."""
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaFunctionCall(_Sparse):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_Sparse):
+    """A piece of a streamed tool call: the first has ``id``, ``type`` and the name; the others more arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class ChatChoice(BaseModel):
@@ -127,15 +165,13 @@ class ChatCompletionResponse(_Response[ChatChoice]):
     prompt_token_ids: list[int] | None = None
 
 
-class DeltaMessage(BaseModel):
+class DeltaMessage(_Sparse):
     """A stream delta: only the fields that are set are sent."""
 
     role: str | None = None
     content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler):
-        return {k: v for k, v in handler(self).items() if v is not None}
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):

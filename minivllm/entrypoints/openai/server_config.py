@@ -36,6 +36,13 @@ class ServerConfig:
     root_path: str | None = arg(None, "the path prefix under which a proxy serves the app (FastAPI's root_path)")
     enable_request_id_headers: bool = arg(False, "echo a request's X-Request-Id header in its response (a new "
                                                  "id when it has none)")
+    enable_auto_tool_choice: bool = arg(False, "let the model decide whether to call the tools it is given "
+                                               "(tool_choice auto, the default with tools); needs --tool-call-parser")
+    tool_call_parser: str | None = arg(None, "how the model writes tool calls: hermes (<tool_call> blocks, "
+                                             "Qwen2.5 / Qwen3) or llama3_json (Llama 3.x)",
+                                       choices=("hermes", "llama3_json"))
+    reasoning_parser: str | None = arg(None, "move the model's <think>...</think> into reasoning_content: qwen3",
+                                       choices=("qwen3",))
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -51,5 +58,7 @@ class ServerConfig:
         if self.max_num_waiting < self.max_n:
             raise ValueError(f"max_num_waiting ({self.max_num_waiting}) must be >= max_n ({self.max_n}): a request "
                              f"of n sequences must be able to wait")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser (hermes or llama3_json)")
         if any(not isinstance(k, str) or not k for k in self.api_key):
             raise ValueError("api_key must be non-empty strings")

@@ -3,6 +3,9 @@ as token ids, starting engine requests, usage, and logprobs in OpenAI's and vLLM
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
+
 from fastapi.responses import Response
 
 from minivllm.engine.async_engine import AsyncLLM, RequestStream
@@ -11,6 +14,7 @@ from minivllm.entrypoints.openai import responses as R
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.inputs import RequestLimits, Tokenization
 from minivllm.outputs import RequestOutput
+from minivllm.structured_outputs_params import StructuredOutputsParams
 
 
 def clamp(logprob: float) -> float:
@@ -35,11 +39,21 @@ def final_usage(finals: list[RequestOutput]) -> R.UsageInfo:
     return usage
 
 
+@dataclass(frozen=True)
+class ChatParsers:
+    """How chat outputs are read back: ``tool_call_parser`` (set when ``tool_choice: auto`` is enabled) and
+    ``reasoning_parser`` (None: off)."""
+
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+
 class ServingBase:
     """Serves requests on an AsyncLLM (once its engine is ready) under one model name."""
 
-    def __init__(self, llm: AsyncLLM, model_name: str, limits: RequestLimits = RequestLimits()):
-        self.llm, self.model_name, self.limits = llm, model_name, limits
+    def __init__(self, llm: AsyncLLM, model_name: str, limits: RequestLimits = RequestLimits(),
+                 parsers: ChatParsers = ChatParsers()):
+        self.llm, self.model_name, self.limits, self.parsers = llm, model_name, limits, parsers
         self._tokenization: Tokenization | None = None
 
     @property
@@ -70,6 +84,19 @@ class ServingBase:
             raise APIError(400, f"the prompt has {len(prompt)} tokens, but max_model_len is "
                                 f"{self.llm.max_model_len}: it must be shorter", param=field)
         return prompt
+
+    async def prepare_grammar(self, so: StructuredOutputsParams | None, field: str | None) -> None:
+        """Compile the request's grammar on a worker thread (cached by constraint), so the engine finds it ready;
+        a 400 naming ``field`` when the schema, regex or grammar is invalid."""
+        if so is None:
+            return
+        structured = self.llm.engine.structured
+        if structured is None:
+            raise APIError(400, "structured outputs need a tokenizer, and this model has none", param=field)
+        try:
+            await asyncio.to_thread(structured.prepare, so)
+        except ValueError as exc:
+            raise APIError(400, str(exc).replace("structured_outputs", field, 1), param=field) from None
 
     async def start(self, prompts: list, params, base_id: str) -> list[RequestStream]:
         """One engine request per prompt (``{base_id}-{i}``); all aborted if one cannot start."""

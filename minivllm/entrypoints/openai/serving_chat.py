@@ -11,8 +11,11 @@ from fastapi.responses import StreamingResponse
 
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai import responses as R
+from minivllm.entrypoints.openai.chat_outputs import ChatOutputReader
+from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
 from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
+from minivllm.entrypoints.openai.structured import constraint
 
 
 class ChatServing(ServingBase):
@@ -28,34 +31,51 @@ class ChatServing(ServingBase):
         if req.prompt_logprobs is not None:
             self.limits.check(req, req.prompt_logprobs, "prompt_logprobs")
         self.limits.check_template(req.chat_template)
+        choice = req.effective_tool_choice
+        if choice == "auto" and req.tools and self.parsers.tool_call_parser is None:
+            raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be '
+                                'set', param="tool_choice")
+        if not req.tools and choice not in ("none", "auto"):
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        so, field = constraint(req.response_format, req.structured_outputs, req.tools, choice, req.parallel_tool_calls)
         ids = await self.tokenization.chat(req.messages, req.template_args())
+        tail = self.tokenization.decode_now(ids[-8:], skip_special_tokens=False) if self.parsers.reasoning_parser else ""
+        reader = ChatOutputReader(choice if req.tools else "none", self.parsers.tool_call_parser,
+                                  self.parsers.reasoning_parser, tail)
         if req.truncate_prompt_tokens is not None:
             ids = ids[-req.truncate_prompt_tokens:]
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
             max_tokens = max(1, self.llm.max_model_len - len(ids))
-        params = req.to_sampling_params(max_tokens, k)
+        params = req.to_sampling_params(max_tokens, k, structured_outputs=so)
+        await self.prepare_grammar(so, field)
         # NOTE: echo repeats the last message when it is the assistant's (the role that is generated), as vLLM
         last = req.messages[-1]
         echo = last.to_template()["content"] if req.echo and last.role == "assistant" else ""
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self.start([ids], params, rid)
         if req.stream:
-            return StreamingResponse(guarded(self._chat_stream(req, rid, streams, ids, k, echo)),
+            return StreamingResponse(guarded(self._chat_stream(req, rid, streams, ids, k, echo, reader)),
                                      media_type="text/event-stream")
         (out,) = await collect(streams, raw)
         as_id, with_ids = req.return_tokens_as_token_ids, req.return_token_ids
-        choices = [R.ChatChoice(index=c.index, message=R.AssistantMessage(content=echo + c.text),
-                                logprobs=self.chat_logprobs(c.token_ids, c.logprobs, k, as_id),
-                                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                                token_ids=list(c.token_ids) if with_ids else None) for c in out.outputs]
+        choices = []
+        for c in out.outputs:
+            message = reader.message(c.text)
+            if echo:
+                message.content = echo + (message.content or "")
+            choices.append(R.ChatChoice(
+                index=c.index, message=message, logprobs=self.chat_logprobs(c.token_ids, c.logprobs, k, as_id),
+                finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)), stop_reason=c.stop_reason,
+                token_ids=list(c.token_ids) if with_ids else None))
         return json_response(R.ChatCompletionResponse(
             id=rid, model=self.model_name, choices=choices, usage=final_usage([out]),
             prompt_logprobs=self.prompt_logprobs(out) if req.prompt_logprobs is not None else None,
             prompt_token_ids=list(out.prompt_token_ids) if with_ids else None))
 
-    async def _chat_stream(self, req, rid, streams, ids, k, echo) -> AsyncIterator[str]:
+    async def _chat_stream(self, req, rid, streams, ids, k, echo, reader) -> AsyncIterator[str]:
         sent: dict[int, int] = {}
+        streamers = [reader.streamer() for _ in range(req.n)]
         usage = new_usage(len(ids))
 
         def chunk(choice, **extra):
@@ -73,11 +93,27 @@ class ChatServing(ServingBase):
             text = delta_with_rest(c, sent.get(c.index, 0))
             sent[c.index] = sent.get(c.index, 0) + len(text)
             lp = self.chat_logprobs(c.delta_token_ids, c.delta_logprobs, k, req.return_tokens_as_token_ids)
-            if text or c.finished or lp is not None or c.delta_token_ids:
-                delta = R.DeltaMessage(content=text if text or not c.finished else None)
+            st = streamers[c.index]
+            ids_now = list(c.delta_token_ids) if req.return_token_ids else None
+            delta = st.feed(text) if text else None
+            if c.finished:
+                last = st.finish()
+                if delta is not None and last is not None:  # NOTE: two chunks, so no call index repeats in one
+                    yield chunk(R.ChatChunkChoice(index=c.index, delta=delta, logprobs=lp, token_ids=ids_now))
+                    delta, lp, ids_now = last, None, [] if ids_now is not None else None
+                else:
+                    delta = delta or last
+            if delta is not None or c.finished or lp is not None or c.delta_token_ids:
                 yield chunk(R.ChatChunkChoice(
-                    index=c.index, delta=delta, logprobs=lp, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                    token_ids=list(c.delta_token_ids) if req.return_token_ids else None))
+                    index=c.index, delta=delta or R.DeltaMessage(), logprobs=lp,
+                    finish_reason=_finish_reason(c.finish_reason, st.num_calls > 0), stop_reason=c.stop_reason,
+                    token_ids=ids_now))
         if req.include_usage:
             yield sse(R.ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=usage))
         yield "data: [DONE]\n\n"
+
+
+def _finish_reason(reason: str | None, called_tools: bool) -> str | None:
+    """``tool_calls`` for a choice that ended by calling tools, as OpenAI reports it."""
+    return "tool_calls" if called_tools and reason == "stop" else reason
+

@@ -13,6 +13,7 @@ from minivllm.entrypoints.openai import responses as R
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
 from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
+from minivllm.entrypoints.openai.structured import constraint
 
 
 class CompletionServing(ServingBase):
@@ -34,7 +35,9 @@ class CompletionServing(ServingBase):
             prompt_k = max(req.logprobs, prompt_k or 0)
         if prompt_k is not None:
             self.limits.check(req, prompt_k, "prompt_logprobs")
-        params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_k)
+        so, field = constraint(req.response_format, req.structured_outputs)
+        params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_k, so)
+        await self.prepare_grammar(so, field)
         ids = [await self.prompt_ids(p, req.truncate_prompt_tokens) for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
         echo = [await self.tokenization.decode(p) if req.echo else "" for p in ids]

@@ -1,0 +1,147 @@
+"""StructuredOutputManager: compiles requests' grammars off the engine thread, keeps one grammar state per
+constrained sequence, and fills the token bitmask of a step's constrained rows.
+
+Compiled grammars are cached by constraint (``StructuredOutputsParams.key``): a sequence starts from a copy of
+the cached template, so a schema used by many requests compiles once. Compiling runs on a worker thread; a
+request whose grammar is not ready yet waits outside the scheduler (``LLMEngine``), so a large schema never
+stalls the other requests' steps.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.config import StructuredOutputsConfig
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.engine.structured_output.backend import Grammar, GuidanceBackend, bitmask_words
+from minivllm.structured_outputs_params import StructuredOutputsParams
+
+
+@dataclass(frozen=True)
+class GrammarBitmask:
+    """The masks of a step's constrained rows: ``bitmask[j]`` (packed, bit ``t % 32`` of word ``t // 32``)
+    lists the tokens row ``rows[j]`` of the step's sampled rows may take."""
+
+    rows: tuple[int, ...]
+    bitmask: torch.Tensor  # [len(rows), ceil(V / 32)] int32, on the host
+
+
+class StructuredOutputManager:
+    """Grammars of one engine. ``prepare`` / ``submit`` compile (cached); ``start`` gives a sequence its state;
+    ``accept`` advances it; ``bitmask`` fills a step's masks; ``drop`` forgets a sequence."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int],
+                 config: StructuredOutputsConfig | None = None):
+        config = config or StructuredOutputsConfig()
+        self.backend = GuidanceBackend(tokenizer, vocab_size, eos_token_ids)
+        self.vocab_size = vocab_size
+        self.cache_size = config.structured_outputs_cache_size
+        self.num_threads = config.structured_outputs_threads or max(1, min(8, os.cpu_count() or 1))
+        self._cache: OrderedDict[tuple, object] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # compiles grammars
+        self._mask_pool: concurrent.futures.ThreadPoolExecutor | None = None  # fills masks
+        self._executor = None  # llguidance's thread pool for the parallel mask fill
+        self.grammars: dict[int, Grammar] = {}  # seq id -> its grammar state
+
+    # ------------------------------------------------------------------ compile
+    def prepare(self, so: StructuredOutputsParams):
+        """The compiled template of ``so`` (from the cache, else compiled here); ValueError naming the field
+        for an invalid constraint. Blocking and thread-safe: call it off the engine thread."""
+        key = so.key()
+        with self._lock:
+            template = self._cache.get(key)
+            if template is not None:
+                self._cache.move_to_end(key)
+                return template
+        template = self.backend.compile(so)
+        with self._lock:
+            self._cache[key] = template
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return template
+
+    def cached(self, so: StructuredOutputsParams) -> bool:
+        """Whether ``so`` is compiled already (``prepare`` returns at once)."""
+        with self._lock:
+            return so.key() in self._cache
+
+    def submit(self, so: StructuredOutputsParams) -> concurrent.futures.Future:
+        """``prepare(so)`` on the compile thread; the future holds the template or the ValueError."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="minivllm-grammar")
+        return self._pool.submit(self.prepare, so)
+
+    def validate(self, so: StructuredOutputsParams) -> None:
+        """Check the constraint now, without compiling it for the tokenizer (ValueError naming the field)."""
+        import llguidance
+
+        if self.cached(so):
+            return
+        try:
+            text = self.backend.grammar_text(so)
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"structured_outputs.{so.kind} is invalid: {exc}") from None
+        error = llguidance.LLMatcher.validate_grammar(text)
+        if error and not error.startswith("WARNING"):
+            raise ValueError(f"structured_outputs.{so.kind} is invalid: {error.strip()}")
+
+    # ------------------------------------------------------------------ sequences
+    def start(self, seq_id: int, template) -> None:
+        """Sequence ``seq_id`` starts at the beginning of ``template``'s grammar."""
+        self.grammars[seq_id] = Grammar(template.deep_copy())
+
+    def accept(self, seq_id: int, token_id: int) -> bool:
+        """Advance ``seq_id``'s grammar by its new token; True when the output is now complete (or the grammar
+        failed: nothing more can be generated under it)."""
+        g = self.grammars.get(seq_id)
+        if g is None:
+            return False
+        if not g.is_stopped:
+            g.accept(token_id)
+        return g.is_stopped
+
+    def drop(self, seq_id: int) -> None:
+        self.grammars.pop(seq_id, None)
+
+    def bitmask(self, out: SchedulerOutput) -> GrammarBitmask | None:
+        """The masks of ``out``'s constrained sampled rows, each row's grammar advanced to its newest token
+        (None: no row is constrained). A stopped grammar's row allows every token: its token is dropped."""
+        rows, matchers = [], []
+        for row, s in enumerate(out.sampled):
+            g = self.grammars.get(s.seq_id)
+            if g is not None:
+                rows.append(row)
+                matchers.append(None if g.is_stopped else g.matcher)
+        if not rows:
+            return None
+        mask = torch.full((len(rows), bitmask_words(self.vocab_size)), -1, dtype=torch.int32)  # [R, W]
+        live = [(m, j) for j, m in enumerate(matchers) if m is not None]
+        if live:
+            import llguidance
+            from llguidance.torch import fill_next_token_bitmask_par
+
+            if self._executor is None:
+                self._executor = llguidance.LLExecutor(self.num_threads)
+            fill_next_token_bitmask_par(self._executor, live, mask)
+        return GrammarBitmask(tuple(rows), mask)
+
+    def fill_async(self, out: SchedulerOutput) -> concurrent.futures.Future:
+        """``bitmask(out)`` on the mask thread (llguidance fills rows in parallel, without Python's lock)."""
+        if self._mask_pool is None:
+            self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="minivllm-mask")
+        return self._mask_pool.submit(self.bitmask, out)
+
+    def close(self) -> None:
+        for pool in (self._pool, self._mask_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._mask_pool = None

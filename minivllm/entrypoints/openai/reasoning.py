@@ -1,0 +1,139 @@
+"""Reasoning parsers: split a thinking model's output into ``reasoning_content`` and ``content``, whole or
+as it streams. Pure Python.
+
+Qwen3 writes ``<think>\\n...\\n</think>\\n\\nanswer``. Rules (the same for ``extract`` and the streamer):
+
+* A ``<think>`` at the very start is dropped.
+* With ``</think>`` (its first occurrence): reasoning is the text before it, content the text after it with
+  its leading newlines removed.
+* Without ``</think>``: if the text started with ``<think>`` it is all reasoning (thinking cut off by
+  ``max_tokens``).
+* A text that does not start with ``<think>`` is all content (the model did not think), leading newlines
+  removed, tags not interpreted: it streams at once.
+* A blank part (empty or whitespace only, e.g. the ``<think>\\n\\n</think>`` of ``/no_think``) is ``None``;
+  other parts are kept verbatim.
+
+``thinking`` (``extract`` / ``streamer``) says what the prompt already decided: ``True`` when it opened the
+think block (templates that end the prompt with ``<think>\\n``: the text is reasoning until ``</think>``, all
+of it if none), ``False`` when thinking is off (all content, tags not interpreted); ``None`` (the default)
+applies the rules above. ``thinking_from_prompt`` reads it off a rendered prompt.
+"""
+
+from __future__ import annotations
+
+from minivllm.entrypoints.openai.tool_parsers.stream_out import held_suffix
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def _part(text: str) -> str | None:
+    return None if not text or text.isspace() else text
+
+
+class _BlankHeld:
+    """Streams one part verbatim once it has a non-whitespace character (a blank part is ``None``), after
+    dropping the leading characters in ``drop``."""
+
+    def __init__(self, drop: str) -> None:
+        self._drop = drop
+        self._held = ""
+        self._open = False
+
+    def push(self, text: str) -> str:
+        """What to emit now for the next piece of this part."""
+        if self._open:
+            return text
+        if not self._held and self._drop:
+            text = text.lstrip(self._drop)  # NOTE: only before the part's first kept character
+        self._held += text
+        if not self._held or self._held.isspace():
+            return ""
+        self._open = True
+        out, self._held = self._held, ""
+        return out
+
+
+_START, _REASONING, _CONTENT = range(3)
+
+
+class Qwen3ReasoningStreamer:
+    """The incremental state of one output: text is passed on as soon as its part is known, holding back
+    only a partial ``<think>`` / ``</think>``."""
+
+    def __init__(self, thinking: bool | None = None) -> None:
+        self._thinking = thinking
+        self._state = _CONTENT if thinking is False else _START
+        self._buf = ""
+        self._reasoning = _BlankHeld("")
+        self._content = _BlankHeld("\n")
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        """Take the next piece of output; return ``(reasoning delta, content delta)``."""
+        self._buf += delta
+        return self._run(final=False)
+
+    def finish(self) -> tuple[str, str]:
+        """End of output: return what was held back, as ``(reasoning delta, content delta)``."""
+        return self._run(final=True)
+
+    def _run(self, final: bool) -> tuple[str, str]:
+        reasoning, content = [], []
+        while True:
+            if self._state == _START:
+                if self._buf.startswith(THINK_OPEN):
+                    self._buf, self._state = self._buf[len(THINK_OPEN):], _REASONING
+                elif THINK_OPEN.startswith(self._buf) and not final:
+                    break
+                else:
+                    self._state = _REASONING if self._thinking else _CONTENT
+            elif self._state == _REASONING:
+                i = self._buf.find(THINK_CLOSE)
+                if i >= 0:
+                    reasoning.append(self._reasoning.push(self._buf[:i]))
+                    self._buf, self._state = self._buf[i + len(THINK_CLOSE):], _CONTENT
+                    continue
+                keep = len(self._buf) - (0 if final else held_suffix(self._buf, THINK_CLOSE))
+                reasoning.append(self._reasoning.push(self._buf[:keep]))
+                self._buf = self._buf[keep:]
+                break
+            else:
+                content.append(self._content.push(self._buf))
+                self._buf = ""
+                break
+        return "".join(reasoning), "".join(content)
+
+
+class Qwen3ReasoningParser:
+    """Splits Qwen3 (and QwQ / DeepSeek-R1-style) ``<think>`` output into reasoning and content (module
+    docstring: the rules)."""
+
+    def extract(self, text: str, *, thinking: bool | None = None) -> tuple[str | None, str | None]:
+        """``(reasoning_content, content)`` of a whole output; ``None`` for a blank part."""
+        if thinking is False:
+            return None, _part(text.lstrip("\n"))
+        opened = text.startswith(THINK_OPEN)
+        if opened:
+            text = text[len(THINK_OPEN):]
+        if not opened and not thinking:
+            return None, _part(text.lstrip("\n"))
+        reasoning, found, after = text.partition(THINK_CLOSE)
+        if found:
+            return _part(reasoning), _part(after.lstrip("\n"))
+        return _part(text), None
+
+    def streamer(self, *, thinking: bool | None = None) -> Qwen3ReasoningStreamer:
+        """A fresh incremental parser for one output (``thinking``: as for ``extract``)."""
+        return Qwen3ReasoningStreamer(thinking)
+
+    @staticmethod
+    def thinking_from_prompt(prompt: str) -> bool | None:
+        """What a rendered prompt decided: ``True`` if it ends inside an opened think block (``<think>\\n``),
+        ``False`` if it ends after a closed one (``enable_thinking=False``), else ``None``."""
+        tail = prompt.rstrip()
+        if tail.endswith(THINK_CLOSE):
+            return False
+        return True if tail.endswith(THINK_OPEN) else None
+
+
+#: ``--reasoning-parser`` names (vLLM's) to parser classes
+REASONING_PARSERS = {"qwen3": Qwen3ReasoningParser}

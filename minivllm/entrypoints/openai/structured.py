@@ -1,0 +1,128 @@
+"""Structured outputs and tools in requests: OpenAI's ``response_format``, vLLM's ``structured_outputs``, and
+``tools`` / ``tool_choice`` turned into the one grammar a request's output must follow.
+
+``tool_choice: "required"`` and a named function are enforced by a JSON schema, as in vLLM: a named function's
+output is its arguments object; ``required`` gives a JSON array of ``{"name", "parameters"}`` calls. Either way
+the arguments always parse and validate against the tool's parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from minivllm.entrypoints.openai.errors import APIError
+from minivllm.structured_outputs_params import StructuredOutputsParams
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's named schema."""
+
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text``, ``json_object`` or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(BaseModel):
+    """vLLM's ``structured_outputs`` extra field."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = True
+
+
+class FunctionDefinition(BaseModel):
+    """A tool's function: its name, what it does, and the JSON schema of its arguments."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+def _params_schema(fn: FunctionDefinition) -> dict[str, Any]:
+    return fn.parameters if fn.parameters is not None else {"type": "object", "properties": {}}
+
+
+def tool_schema(tools: list[Tool], choice: ToolChoice, parallel: bool) -> tuple[dict[str, Any], str | None] | None:
+    """The JSON schema a tool choice enforces and the forced function's name (None for ``required``), or None
+    when the choice enforces nothing (``none``, ``auto``)."""
+    if isinstance(choice, NamedToolChoice):
+        fn = next((t.function for t in tools if t.function.name == choice.function.name), None)
+        if fn is None:
+            raise APIError(400, f"tool_choice names the function {choice.function.name!r}, which is not among the "
+                                f"tools", param="tool_choice")
+        return _params_schema(fn), fn.name
+    if choice != "required":
+        return None
+    calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                               "parameters": _params_schema(t.function)},
+              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
+    array = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    if not parallel:
+        array["maxItems"] = 1
+    return array, None
+
+
+def constraint(response_format: ResponseFormat | None, structured: StructuredOutputsRequest | None,
+               tools: list[Tool] | None = None, tool_choice: ToolChoice | None = None,
+               parallel_tool_calls: bool = True) -> tuple[StructuredOutputsParams | None, str | None]:
+    """The request's one output constraint and the field it came from (for errors), or ``(None, None)``."""
+    given = []
+    if response_format is not None and response_format.type != "text":
+        given.append("response_format")
+    if structured is not None:
+        given.append("structured_outputs")
+    forced = tool_schema(tools, tool_choice, parallel_tool_calls) if tools and tool_choice is not None else None
+    if forced is not None:
+        given.append("tool_choice")
+    if len(given) > 1:
+        raise APIError(400, f"{' and '.join(given)} cannot be combined: each constrains the whole output",
+                       param=given[1])
+    if not given:
+        return None, None
+    field = given[0]
+    try:
+        if field == "tool_choice":
+            return StructuredOutputsParams(json=forced[0]), field
+        if field == "response_format":
+            if response_format.type == "json_object":
+                return StructuredOutputsParams(json_object=True), field
+            if response_format.json_schema is None or response_format.json_schema.schema_ is None:
+                raise APIError(400, "response_format of type json_schema needs json_schema.schema",
+                               param="response_format")
+            return StructuredOutputsParams(json=response_format.json_schema.schema_), field
+        return StructuredOutputsParams(**structured.model_dump(by_alias=True, exclude_none=True)), field
+    except ValueError as exc:
+        raise APIError(400, str(exc).replace("structured_outputs", field, 1), param=field) from None

@@ -1,0 +1,172 @@
+"""Structured outputs and tool calls over HTTP through the official openai client, streamed and not, on the
+demo model (which knows no JSON: the grammar alone makes its outputs valid)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+
+import httpx
+import jsonschema
+import pytest
+
+from json_schemas import SCHEMAS
+from server_utils import ROOT, running_server
+
+pytestmark = [pytest.mark.server,
+              pytest.mark.skipif(not (ROOT / "models" / "minivllm-demo-py").is_dir(), reason="no demo model")]
+DEMO = str(ROOT / "models" / "minivllm-demo-py")
+ARGS = ["--served-model-name", "demo", "--device", "cpu", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--reasoning-parser", "qwen3", "--trust-request-chat-template"]
+USER = [{"role": "user", "content": "Describe the object as JSON."}]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+SEARCH = {"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string", "maxLength": 16},
+                                     "limit": {"type": "integer", "minimum": 1, "maximum": 10}},
+    "required": ["query", "limit"], "additionalProperties": False}}}
+TOOL_PARAMS = {"get_weather": WEATHER["function"]["parameters"], "search": SEARCH["function"]["parameters"]}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(DEMO, ARGS, tmp_path_factory.mktemp("structured")) as srv:
+        yield srv
+
+
+def chat(server, stream: bool, **kw):
+    """(message dict, finish_reason) of one chat completion; a stream is put back together from its deltas."""
+    kw = {"model": "demo", "messages": USER, "temperature": 0, "max_tokens": 200, **kw}
+    if not stream:
+        r = server.client.chat.completions.create(**kw)
+        return r.choices[0].message.model_dump(), r.choices[0].finish_reason
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in server.client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            d = c.delta
+            content += d.content or ""
+            reasoning += getattr(d, "reasoning_content", None) or (d.model_extra or {}).get("reasoning_content") or ""
+            for tc in d.tool_calls or []:
+                call = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                if tc.id:
+                    assert call["id"] is None, "a call's id comes once"
+                    call["id"], call["name"] = tc.id, tc.function.name
+                call["arguments"] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    calls = [{"id": c["id"], "function": {"name": c["name"], "arguments": c["arguments"]}}
+             for _, c in sorted(calls.items())]
+    return {"content": content or None, "reasoning_content": reasoning or None, "tool_calls": calls}, finish
+
+
+def _parallel(fn, items):
+    with concurrent.futures.ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(fn, items))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_twenty_json_schemas_through_response_format(server, stream):
+    def one(item):
+        name, schema = item
+        fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+        return chat(server, stream, response_format=fmt)
+    for (name, schema), (msg, finish) in zip(SCHEMAS.items(), _parallel(one, list(SCHEMAS.items()))):
+        assert finish == "stop", (name, msg)
+        jsonschema.validate(json.loads(msg["content"]), schema)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_regex_choice_grammar_and_json_object_through_structured_outputs(server, stream):
+    regex, choices = r"[A-Z][a-z]{2,6} [0-9]{2}", ["red", "green", "light blue"]
+    for seed in range(3):
+        extra = {"seed": seed, "temperature": 1.0}
+        msg, _ = chat(server, stream, extra_body={"structured_outputs": {"regex": regex}}, **extra)
+        assert re.fullmatch(regex, msg["content"]), msg
+        msg, _ = chat(server, stream, extra_body={"structured_outputs": {"choice": choices}}, **extra)
+        assert msg["content"] in choices, msg
+        grammar = 'start: "x = " NUM ("+" NUM)?\nNUM: /[0-9]{1,3}/'
+        msg, _ = chat(server, stream, extra_body={"structured_outputs": {"grammar": grammar}}, **extra)
+        assert re.fullmatch(r"x = [0-9]{1,3}(\+[0-9]{1,3})?", msg["content"]), msg
+    r = server.client.completions.create(model="demo", prompt="x = ", max_tokens=30, temperature=0,
+                                         extra_body={"structured_outputs": {"regex": regex}})
+    assert re.fullmatch(regex, r.choices[0].text)
+    msg, finish = chat(server, stream, messages=[{"role": "user", "content": "{"}], response_format={"type": "json_object"})
+    assert finish == "stop" and isinstance(json.loads(msg["content"]), dict), msg
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_forced_tool_calls_parse_and_validate(server, stream, choice):
+    tool_choice = "required" if choice == "required" else {"type": "function", "function": {"name": "search"}}
+    for seed in range(4):
+        msg, finish = chat(server, stream, tools=[WEATHER, SEARCH], tool_choice=tool_choice, seed=seed, temperature=1.0,
+                           messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+        assert finish == "tool_calls" and msg["content"] is None and msg["tool_calls"], msg
+        for call in msg["tool_calls"]:
+            name = call["function"]["name"]
+            assert choice == "required" or name == "search"
+            assert call["id"].startswith("call_")
+            jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL_PARAMS[name])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_auto_tool_choice_reads_hermes_calls_and_reasoning(server, stream):
+    # the demo model never calls tools on its own: a regex makes it write Qwen's syntax, which the parsers read
+    regex = (r'<think>[a-z ]{1,20}</think>\n\nChecking\.\n<tool_call>\n\{"name": "get_weather", "arguments": '
+             r'\{"city": "[A-Z][a-z]{2,8}", "unit": "celsius"\}\}\n</tool_call>')
+    msg, finish = chat(server, stream, tools=[WEATHER], extra_body={"structured_outputs": {"regex": regex}})
+    assert finish == "tool_calls", msg
+    assert msg["reasoning_content"] and "<think>" not in msg["reasoning_content"] and msg["content"] == "Checking.", msg
+    (call,) = msg["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    args = json.loads(call["function"]["arguments"])
+    jsonschema.validate(args, TOOL_PARAMS["get_weather"])
+
+
+def test_tool_history_renders_through_the_template(server):
+    messages = [{"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": '{"city": "Oslo", "unit": "celsius"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "-3 degrees"}]
+    r = httpx.post(server.url + "/tokenize", json={"model": "demo", "messages": messages, "tools": [WEATHER]}).json()
+    text = httpx.post(server.url + "/detokenize", json={"model": "demo", "tokens": r["tokens"]}).json()["prompt"]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>' in text
+    assert "<tool_response>\n-3 degrees\n</tool_response>" in text
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
+    msg, _ = chat(server, False, messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=8)
+    assert msg["tool_calls"] == [] and isinstance(msg["content"], str)
+
+
+def test_without_thinking_there_is_no_reasoning(server):
+    template = ("{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                "{%- endfor %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and not "
+                "enable_thinking %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}")
+    kw = {"chat_template": template, "chat_template_kwargs": {"enable_thinking": False}}
+    r = httpx.post(server.url + "/tokenize", json={"model": "demo", "messages": USER, **kw}).json()
+    prompt = httpx.post(server.url + "/detokenize", json={"model": "demo", "tokens": r["tokens"]}).json()["prompt"]
+    assert prompt.endswith("<think>\n\n</think>\n\n")
+    msg, _ = chat(server, False, max_tokens=12, extra_body=kw)
+    assert msg["reasoning_content"] is None and msg["content"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nosuch"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"structured_outputs": {"grammar": "start: nothing_here"}}, "structured_outputs"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nosuch"}}}],
+      "tool_choice": "required"}, "tool_choice"),
+])
+def test_an_invalid_constraint_is_a_400_naming_the_field(server, body, param):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "demo", "messages": USER, **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param, err
+    assert httpx.get(server.url + "/health").status_code == 200
