@@ -190,21 +190,26 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput, inp: StepInputs | None = None) -> StepHandle:
         """Prepare, forward and sample one step without waiting for the device."""
-        return self.finish_step(self.start_step(out, inp))
+        return self._finish_step(self._start_step(out, inp))
 
     @torch.inference_mode()
     def start_step(self, out: SchedulerOutput, inp: StepInputs | None = None) -> Forward:
-        """Prepare and queue the forward of one step; ``finish_step`` samples it. Structured outputs split the two:
-        the host fills the step's grammar masks while the device runs the forward."""
-        inp = inp if inp is not None else self.prepare_inputs(out)
-        logits = self.execute(inp)
-        prompt = prompt_logprobs(self.prompt_logprobs, out) if self.prompt_logprobs is not None else None
-        return Forward(out, inp, logits, prompt)
+        """Queue one step's forward; ``finish_step`` samples it (grammar masks are filled in between)."""
+        return self._start_step(out, inp)
 
     @torch.inference_mode()
     def finish_step(self, fwd: Forward, grammar=None) -> StepHandle:
         """Sample a started step (``grammar``: its masks, ``.rows`` and ``.bitmask``, or None) and start its tokens
         on their way to the host. NOTE: before the next step starts: that one reads these tokens on the device."""
+        return self._finish_step(fwd, grammar)
+
+    def _start_step(self, out: SchedulerOutput, inp: StepInputs | None) -> Forward:
+        inp = inp if inp is not None else self.prepare_inputs(out)
+        logits = self.execute(inp)
+        prompt = prompt_logprobs(self.prompt_logprobs, out) if self.prompt_logprobs is not None else None
+        return Forward(out, inp, logits, prompt)
+
+    def _finish_step(self, fwd: Forward, grammar=None) -> StepHandle:
         out, inp, logits = fwd.out, fwd.inp, fwd.logits
         self.prev_sampled = None
         if logits is None:
