@@ -166,19 +166,34 @@ _VALUES = st.one_of(
     st.dictionaries(st.integers(-5, 5000).map(str), st.floats(allow_nan=True, allow_infinity=True), max_size=3),
     st.lists(st.text(max_size=5), max_size=4), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
+_TEXTS = st.sampled_from(["[a-", "[0-9]{1,3}", "start: x", "start: \"a\" | \"b\"", 'root ::= "a" [0-9]', "(a|"])
+_SCHEMAS = st.sampled_from([{"type": "integer"}, {"type": "nosuch"}, {"enum": []}, {"$ref": "#/nowhere"}, {}])
+_CONSTRAINTS = st.one_of(  # response_format, structured_outputs, tools and tool_choice, right and wrong
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "xml"]) | _VALUES},
+                          optional={"json_schema": st.fixed_dictionaries({}, optional={
+                              "name": _VALUES, "schema": _SCHEMAS | _VALUES})}),
+    st.dictionaries(st.sampled_from(["json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace"]),
+                    _VALUES | _TEXTS | _SCHEMAS, max_size=2),
+    st.lists(st.fixed_dictionaries({"type": st.just("function") | _VALUES, "function": st.fixed_dictionaries(
+        {"name": st.just("f") | _VALUES}, optional={"parameters": _SCHEMAS | _VALUES})}), max_size=2),
+    st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}]),
+)
 _FIELDS = ["model", "n", "best_of", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "max_tokens",
            "min_tokens", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
            "stop_token_ids", "ignore_eos", "echo", "stream", "stream_options", "skip_special_tokens",
            "include_stop_str_in_output", "max_completion_tokens", "add_generation_prompt", "user", "unknown_field",
            "logit_bias", "allowed_token_ids", "bad_words", "prompt_logprobs", "return_token_ids",
            "return_tokens_as_token_ids", "truncate_prompt_tokens", "continue_final_message", "chat_template",
-           "chat_template_kwargs"]
+           "chat_template_kwargs", "response_format", "structured_outputs", "tools", "tool_choice",
+           "parallel_tool_calls"]
 _MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "\ud800"]) | _VALUES},
                                  optional={"content": _VALUES, "name": _VALUES})
 _BODIES = st.one_of(
-    st.tuples(st.just("/v1/completions"), st.dictionaries(st.sampled_from(_FIELDS), _VALUES, max_size=6).flatmap(
+    st.tuples(st.just("/v1/completions"), st.dictionaries(st.sampled_from(_FIELDS), _VALUES | _CONSTRAINTS,
+                                                          max_size=6).flatmap(
         lambda d: st.builds(lambda p: {**d, "prompt": p}, _VALUES | st.text(max_size=20)))),
-    st.tuples(st.just("/v1/chat/completions"), st.dictionaries(st.sampled_from(_FIELDS), _VALUES, max_size=6).flatmap(
+    st.tuples(st.just("/v1/chat/completions"), st.dictionaries(st.sampled_from(_FIELDS), _VALUES | _CONSTRAINTS,
+                                                               max_size=6).flatmap(
         lambda d: st.builds(lambda m: {**d, "messages": m}, st.lists(_MESSAGE, max_size=3) | _VALUES))),
     st.tuples(st.sampled_from(["/tokenize", "/detokenize"]), st.dictionaries(
         st.sampled_from(["prompt", "messages", "tokens", "model", "add_special_tokens"]), _VALUES, max_size=3)),

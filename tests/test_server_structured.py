@@ -111,6 +111,15 @@ def test_forced_tool_calls_parse_and_validate(server, stream, choice):
             jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL_PARAMS[name])
 
 
+def test_required_without_parallel_tool_calls_makes_exactly_one_call(server):
+    for seed in range(3):
+        msg, finish = chat(server, False, tools=[WEATHER, SEARCH], tool_choice="required", parallel_tool_calls=False,
+                           seed=seed, temperature=1.0)
+        assert finish == "tool_calls" and len(msg["tool_calls"]) == 1, msg
+        (call,) = msg["tool_calls"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL_PARAMS[call["function"]["name"]])
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_auto_tool_choice_reads_hermes_calls_and_reasoning(server, stream):
     # the demo model never calls tools on its own: a regex makes it write Qwen's syntax, which the parsers read
