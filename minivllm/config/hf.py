@@ -61,6 +61,7 @@ def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConf
         dtype=dtype,
         eos_token_ids=eos,
         bos_token_id=cfg.get("bos_token_id"),
+        quantization_config=cfg.get("quantization_config"),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minivllm.config.fields import arg, at_least, check_types
+from minivllm.config.quantization import Fp8Config, fp8_config
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -31,6 +32,7 @@ class ArchConfig:
     dtype: str = "bfloat16"
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
+    quantization_config: dict | None = None  # the checkpoint's, when its weights are quantized
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -58,9 +60,14 @@ class ModelConfig:
     load_format: str = arg("auto", "auto or safetensors (the checkpoint's weights), or dummy (random weights "
                                    "of the right shapes, for benchmarks)", choices=("auto", "safetensors", "dummy"))
     seed: int = arg(0, "random seed of the engine (dummy weights, unseeded sampling)")
+    quantization: str | None = arg(None, "fp8: FP8 (e4m3) weights with one scale per output channel, quantized "
+                                         "when loaded (default: the checkpoint's own quantization, if any)",
+                                   choices=("fp8",))
+    fp8: Fp8Config | None = field(default=None, init=False, repr=False)  # resolved: the checkpoint's or online
 
     def __post_init__(self) -> None:
         check_types(self)
+        self.fp8 = fp8_config(self.arch.quantization_config, self.quantization)  # ValueError if unsupported
         if self.max_model_len is None:
             self.max_model_len = min(4096, self.arch.max_position_embeddings)
         at_least("max_model_len", self.max_model_len, 1)

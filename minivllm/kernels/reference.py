@@ -124,3 +124,59 @@ def apply_grammar_bitmask_ref(logits: torch.Tensor, rows: torch.Tensor, bitmask:
     sub = logits[rows]  # [R, V]
     logits[rows] = sub.masked_fill_(~allowed, float("-inf"))
     return logits
+
+
+FP8_E4M3_MAX = 448.0
+
+
+def quantize_fp8_ref(x: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic FP8 (e4m3) quantization of ``x`` ([M, K]): one scale per row, or per ``group`` columns of a row.
+    Returns ``(x8 [M, K] float8_e4m3fn, scale [M, 1] or [M, ceil(K / group)] float32)``, ``x ~ x8 * scale``."""
+    M, K = x.shape
+    g = K if group is None else group
+    n = -(-K // g)
+    padded = torch.nn.functional.pad(x.float(), (0, n * g - K)).view(M, n, g)  # [M, n, g]
+    scale = (padded.abs().amax(-1) / FP8_E4M3_MAX).clamp(min=1e-12)  # [M, n]
+    # NOTE: times the reciprocal, as the Triton kernel does, so both round to the same FP8 values
+    q = (padded * (1.0 / scale).unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).view(M, n * g)[:, :K]
+    return q.to(torch.float8_e4m3fn), scale
+
+
+def quantize_weight_fp8_ref(w: torch.Tensor, block: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 weights ([N, K]): one scale per output channel (``[N]``), or per ``block`` (``[ceil(N / b0),
+    ceil(K / b1)]``)."""
+    if block is None:
+        q, scale = quantize_fp8_ref(w)
+        return q, scale[:, 0]
+    b0, b1 = block
+    N, K = w.shape
+    n0, n1 = -(-N // b0), -(-K // b1)
+    padded = torch.nn.functional.pad(w.float(), (0, n1 * b1 - K, 0, n0 * b0 - N)).view(n0, b0, n1, b1)
+    scale = (padded.abs().amax(dim=(1, 3)) / FP8_E4M3_MAX).clamp(min=1e-12)  # [n0, n1]
+    q = (padded / scale[:, None, :, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).view(n0 * b0, n1 * b1)[:N, :K]
+    return q.to(torch.float8_e4m3fn), scale
+
+
+def dequantize_weight_fp8_ref(w8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
+                              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The ``[N, K]`` weight an FP8 weight and its scales stand for."""
+    if block is None:
+        return (w8.to(torch.float32) * scale.view(-1, 1).float()).to(dtype)
+    N, K = w8.shape
+    full = scale.float().repeat_interleave(block[0], 0)[:N].repeat_interleave(block[1], 1)[:, :K]  # [N, K]
+    return (w8.to(torch.float32) * full).to(dtype)
+
+
+def fp8_linear_ref(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """An FP8 linear layer in plain torch: ``x`` ([..., K]) quantized per token (per token and ``block[1]``
+    columns with block weights, as the FP8 block recipe does), times the dequantized weight, in float32."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    q, s = quantize_fp8_ref(x2, None if block is None else block[1])
+    g = x2.shape[1] if block is None else block[1]
+    xd = q.float() * s.repeat_interleave(g, 1)[:, :x2.shape[1]]  # [M, K]
+    y = xd @ dequantize_weight_fp8_ref(w8, scale, block).t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype).view(*shape[:-1], w8.shape[0])

@@ -38,6 +38,7 @@ class LinearBase(nn.Module):
         self.tp_rank, self.tp_size = rank_and_size(tp_group)
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+        self.quant_method = None  # set once, before loading, by ``quantization.apply_quantization``
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
@@ -50,8 +51,14 @@ class LinearBase(nn.Module):
             loaded = loaded.narrow(self.tp_dim, self.tp_rank * shard, shard)
         param.data.copy_(loaded)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W^T + b`` on this rank's weight (FP8 through its quantization method)."""
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, self.bias)
         return linear(x, self.weight, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x)
 
 
 class ReplicatedLinear(LinearBase):
@@ -130,7 +137,7 @@ class RowParallelLinear(LinearBase):
         super().weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x, self.weight, self.bias)
+        y = self.matmul(x)
         if self.tp_size > 1 and self.reduce_results:
             self.tp_group.all_reduce(y)
         return y

@@ -10,6 +10,18 @@ from safetensors import safe_open
 from torch import nn
 
 
+def load_model_weights(model: nn.Module, mc) -> None:
+    """The weights ``mc`` (a ``ModelConfig``) asks for: the checkpoint's or dummy ones, FP8 where it says."""
+    from minivllm.layers.quantization import apply_quantization, process_weights_after_loading
+
+    apply_quantization(model, mc.fp8, checkpoint_weights=mc.load_format != "dummy")
+    if mc.load_format == "dummy":
+        init_dummy_weights(model, seed=mc.seed)
+    else:
+        load_weights(model, mc.model)
+    process_weights_after_loading(model)
+
+
 def load_weights(model: nn.Module, path: str) -> None:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
@@ -20,14 +32,14 @@ def load_weights(model: nn.Module, path: str) -> None:
     for file in files:
         with safe_open(file, "pt", "cpu") as f:
             for name in f.keys():
-                if "rotary_emb.inv_freq" in name:
-                    continue
+                if "rotary_emb.inv_freq" in name or name.endswith(".input_scale"):
+                    continue  # NOTE: FP8 activations are scaled per token at run time, not by a stored scale
                 if name == "lm_head.weight" and getattr(model, "tie_word_embeddings", False):
                     continue
-                target, shard_id = name, None
+                target, shard_id = name.replace(".weight_scale_inv", ".weight_scale"), None
                 for hf_name, (ours, sid) in packed.items():
                     if f".{hf_name}." in name:
-                        target, shard_id = name.replace(hf_name, ours), sid
+                        target, shard_id = target.replace(hf_name, ours), sid
                         break
                 param = params.get(target)
                 if param is None:

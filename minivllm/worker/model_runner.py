@@ -28,7 +28,7 @@ from minivllm.layers.attention_metadata import AttentionMetadata
 from minivllm.layers.sampler import Sampler, SamplerOutput
 from minivllm.layers.sampling_metadata import build_sampling_metadata, seeded_keys
 from minivllm.layers.sharded_sampling import ShardedSampler, sharded_temperatures
-from minivllm.models.loader import init_dummy_weights, load_weights
+from minivllm.models.loader import load_model_weights
 from minivllm.models.registry import get_model_class
 from minivllm.worker.executor import SampledTokens
 from minivllm.worker.input_batch import StepInputs, build_step_inputs
@@ -84,10 +84,7 @@ class ModelRunner:
             finally:
                 torch.set_default_dtype(prev)
         self.model.eval()
-        if mc.load_format == "dummy":
-            init_dummy_weights(self.model, seed=mc.seed)
-        else:
-            load_weights(self.model, mc.model)
+        load_model_weights(self.model, mc)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = Sampler(fused=dc.triton_sampling)
         self.vocab_size = mc.arch.vocab_size

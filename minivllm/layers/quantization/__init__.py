@@ -1,0 +1,33 @@
+"""Quantized linear layers: which layers, how their weights are stored, and how they run."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from minivllm.config.quantization import Fp8Config, fp8_config
+from minivllm.layers.quantization.fp8 import Fp8LinearMethod
+
+__all__ = ["Fp8Config", "Fp8LinearMethod", "apply_quantization", "fp8_config", "process_weights_after_loading"]
+
+
+def apply_quantization(model: nn.Module, config: Fp8Config | None, checkpoint_weights: bool) -> None:
+    """Give every linear layer of the decoder (not the embedding or the LM head) ``config``'s FP8 method, with FP8
+    parameters to load into when the weights come from an FP8 checkpoint (``checkpoint_weights``)."""
+    if config is None:
+        return
+    from minivllm.layers.linear import LinearBase
+
+    method = Fp8LinearMethod(config)
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            module.quant_method = method
+            if config.from_checkpoint and checkpoint_weights:
+                method.create_weights(module)
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Quantize the layers that loaded high-precision weights (online FP8, dummy weights)."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
