@@ -119,3 +119,20 @@ def test_default_configs_by_rows_and_width():
     assert gemv_config(3072, 4096, 2) == gemv_config(3072, 4096, 16) == (32, 256, 4, 4, "")
     assert gemv_config(3072, 4096, 48)[4] == "" and gemv_config(3072, 4096, 100)[1] == 128
     assert all(gemv_config(n, 4096, m)[4] in VARIANTS for n in (1024, 6144, 24576) for m in (1, 2, 16, 100))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("m, n, k", [(1, 100, 300), (3, 64, 256), (16, 40, 96)])
+def test_gemv_with_fp8_weights_matches_the_dequantized_reference(variant, m, n, k):
+    """FP8 weights widened in registers, each output column scaled by its row's scale; activations unquantized."""
+    from minivllm.kernels.reference import dequantize_weight_fp8_ref, quantize_weight_fp8_ref
+
+    g = torch.Generator().manual_seed(m + n + k)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEVICE)
+    w8, scale = quantize_weight_fp8_ref(torch.randn(n, k, generator=g) * 0.05, None)
+    w8, scale = w8.to(DEVICE), scale.to(DEVICE)
+    b = torch.randn(n, generator=g).to(torch.bfloat16).to(DEVICE)
+    assert use_gemv(x, w8) == (DEVICE == "cuda")
+    out = gemv(x, w8, b, config=(16, 64, 2, 4, variant), w_scale=scale)
+    ref = x.float() @ dequantize_weight_fp8_ref(w8, scale, None).t() + b.float()  # [m, n]
+    torch.testing.assert_close(out.float(), ref, rtol=2**-7, atol=2**-7 * ref.abs().max().item())

@@ -23,7 +23,8 @@ from minivllm.kernels.pdl import pdl_options, pdl_wait
 @triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K]
-    w_ptr,  # [N, K]
+    w_ptr,  # [N, K] (bf16/fp16, or FP8 with HAS_SCALE)
+    scale_ptr,  # [N] float32: the weight's per-row scale (FP8), or a dummy
     bias_ptr,  # [N] or a dummy
     out_ptr,  # [M, N]
     M,
@@ -33,6 +34,7 @@ def _gemv_kernel(
     stride_wn,
     stride_om,
     HAS_BIAS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -58,7 +60,11 @@ def _gemv_kernel(
         if DOT_F32:  # NOTE: the interpreter's bf16/fp16 dot is wrong; float32 tiles there
             x = x.to(tl.float32)
             w = w.to(tl.float32)
+        elif HAS_SCALE:
+            w = w.to(x.dtype)  # FP8 weights widened in registers: half the bytes from memory
         acc += tl.dot(x, tl.trans(w))  # [BM, BN]
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + rn, mask=rn < N, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
@@ -69,6 +75,7 @@ def _gemv_kernel(
 def _gemv_fma_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [N, K]
+    scale_ptr,  # [N] float32 (FP8 weights) or a dummy
     bias_ptr,  # [N] or a dummy
     out_ptr,  # [M, N]
     N,
@@ -77,6 +84,7 @@ def _gemv_fma_kernel(
     stride_wn,
     stride_om,
     HAS_BIAS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -95,14 +103,17 @@ def _gemv_fma_kernel(
         w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)  # [BN, BK]
         acc += w.to(tl.float32) * x[None, :]
     out = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if HAS_SCALE:
+        out *= tl.load(scale_ptr + rn, mask=rn < N, other=0.0)
     if HAS_BIAS:
         out += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_om + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-         config: tuple | None = None) -> torch.Tensor:
-    """``x @ w.T + bias`` for ``x`` [M, K], ``w`` [N, K] (rows contiguous): [M, N] in ``x``'s dtype."""
+         config: tuple | None = None, w_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w.T + bias`` for ``x`` [M, K], ``w`` [N, K] (rows contiguous): [M, N] in ``x``'s dtype. FP8 weights
+    come with ``w_scale`` ([N] float32, one per row): ``x @ (w * w_scale[:, None]).T``, the activations unquantized."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"gemv needs x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.stride(1) != 1 or w.stride(1) != 1:
@@ -116,16 +127,17 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     if variant not in VARIANTS:
         raise ValueError(f"a GEMV config's variant is one of {VARIANTS}, got {variant!r}")
     bias_arg = bias if bias is not None else out
+    scale_arg = w_scale if w_scale is not None else out
     if variant == "f":
         _gemv_fma_kernel[(m, triton.cdiv(n, bn))](
-            x, w, bias_arg, out, n, k, x.stride(0), w.stride(0), out.stride(0), HAS_BIAS=bias is not None,
-            BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, num_warps=warps, **pdl_options(x))
+            x, w, scale_arg, bias_arg, out, n, k, x.stride(0), w.stride(0), out.stride(0), HAS_BIAS=bias is not None,
+            HAS_SCALE=w_scale is not None, BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, num_warps=warps, **pdl_options(x))
         return out
     bm = block_m(m)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     # NOTE: Triton runs on CPU tensors only in its interpreter, whose bf16/fp16 dot is wrong
     _gemv_kernel[grid](
-        x, w, bias_arg, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, DOT_F32=x.device.type == "cpu" and x.dtype != torch.float32, BLOCK_M=bm,
+        x, w, scale_arg, bias_arg, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, DOT_F32=x.device.type == "cpu" and x.dtype != torch.float32, BLOCK_M=bm,
         BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=stages, num_warps=warps, **pdl_options(x))
     return out

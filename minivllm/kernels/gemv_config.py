@@ -41,6 +41,6 @@ def block_m(m: int) -> int:
 
 def use_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``linear(x, w)`` takes this kernel: CUDA, bf16/fp16, one row, or at most ``MAX_ROWS`` rows and a
-    weight of at least ``MIN_WEIGHT_NUMEL`` elements."""
+    weight of at least ``MIN_WEIGHT_NUMEL`` elements. FP8 weights (with their scales) too."""
     return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in DTYPES
-            and w.dtype == x.dtype and (x.shape[0] == 1 or w.numel() >= MIN_WEIGHT_NUMEL))
+            and w.dtype in (x.dtype, torch.float8_e4m3fn) and (x.shape[0] == 1 or w.numel() >= MIN_WEIGHT_NUMEL))

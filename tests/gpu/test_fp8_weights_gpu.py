@@ -55,3 +55,17 @@ def test_engine_fp8_weights_cuda_graphs_equal_eager(tmp_path):
             with LLM(model, device="cuda", gpu_memory_utilization=0.3, enforce_eager=eager, **kw) as llm:
                 runs.append([o["token_ids"] for o in llm.generate(prompts, greedy, use_tqdm=False)])
         assert runs[0] == runs[1], model
+
+
+@pytest.mark.parametrize("M", [1, 4, 16])
+@pytest.mark.parametrize("N, K", [(6144, 4096), (4096, 12288), (24576, 4096)])
+def test_fp8_gemv_equals_the_dequantized_reference(M, N, K):
+    from minivllm.kernels.gemv import gemv
+    from minivllm.kernels.reference import dequantize_weight_fp8_ref
+
+    g = torch.Generator("cuda").manual_seed(M + N)
+    w8, scale = quantize_weight_fp8_ref(torch.randn(N, K, device="cuda", generator=g) * 0.02, None)
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    got = gemv(x, w8, None, w_scale=scale).float()
+    want = x.float() @ dequantize_weight_fp8_ref(w8, scale, None).t()
+    assert ((got - want).norm() / want.norm()) < 4e-3  # bf16 output; float32 accumulation

@@ -4,7 +4,8 @@ quantized per token at run time.
 ``create_weights`` gives a layer FP8 parameters shaped for this rank (a checkpoint stored in FP8);
 ``process_weights_after_loading`` quantizes the high-precision weights a layer loaded (online FP8, dummy
 weights); ``apply`` runs the layer. On CUDA with per-channel scales, activations are quantized by one Triton
-kernel and multiplied by ``torch._scaled_mm`` (cuBLASLt FP8, row and column scales in its epilogue).
+kernel and multiplied by ``torch._scaled_mm`` (cuBLASLt FP8, row and column scales in its epilogue); up to 16
+rows (decoding), the Triton GEMV reads the FP8 weights and scales its outputs, the activations unquantized.
 Elsewhere -- the CPU, and block scales for now -- the layer computes what ``fp8_linear_ref`` defines: the
 CPU in float32, a GPU with block scales by dequantizing the weight to the activations' dtype.
 """
@@ -88,6 +89,12 @@ class Fp8LinearMethod:
             return fp8_linear_ref(x, layer.weight, layer.weight_scale, block, bias)
         if block is not None:
             return F.linear(x, dequantize_weight_fp8_ref(layer.weight, layer.weight_scale, block, x.dtype), bias)
+        from minivllm.kernels.gemv import gemv
+        from minivllm.kernels.gemv_config import use_gemv
+
+        x2 = x.reshape(-1, x.shape[-1])
+        if use_gemv(x2, layer.weight):  # NOTE: decoding few rows reads the weights: FP8 halves the bytes
+            return gemv(x2, layer.weight, bias, w_scale=layer.weight_scale).view(*x.shape[:-1], -1)
         return fp8_scaled_mm(x, layer.weight, layer.weight_scale, bias)
 
 
