@@ -17,10 +17,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from minivllm.kernels import (
+    fp8_quant,
     fused_act,
     fused_norm,
     fused_rope,
     gemv,
+    grammar_mask,
     paged_attention,
     paged_decode,
 )
@@ -39,17 +41,24 @@ KERNELS = [
        NORM_SIG, {"RANK": 1, "WORLD": w, "BLOCK_D": 4096, "ROWS": 2, "CHECK_EVERY": 1024, "TIMED_ABORT": pdl,
                   "USE_PDL": pdl})
       for w in (2, 4) for pdl in (False, True)],
-    *[(f"GEMV, {bm}-row tile (PDL)", gemv._gemv_kernel,
-       {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
-        "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
-       {"HAS_BIAS": False, "DOT_F32": False, "BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 256 if bm <= 64 else 128,
-        "NUM_STAGES": 4, "USE_PDL": True})
-      for bm in (16, 128)],
-    *[(f"GEMV, one row, FMA, {bn}x{bk} (PDL)", gemv._gemv_fma_kernel,
-       {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32",
-        "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
-       {"HAS_BIAS": True, "BLOCK_N": bn, "BLOCK_K": bk, "NUM_STAGES": st, "USE_PDL": True})
-      for bn, bk, st in ((8, 256, 6), (16, 256, 4), (16, 512, 3))],
+    *[(f"GEMV, {bm}-row tile{', FP8 weights' if fp8 else ''} (PDL)", gemv._gemv_kernel,
+       {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16",
+        "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
+        "stride_om": "i32"},
+       {"HAS_BIAS": False, "HAS_SCALE": fp8, "DOT_F32": False, "BLOCK_M": bm, "BLOCK_N": 32,
+        "BLOCK_K": 256 if bm <= 64 else 128, "NUM_STAGES": 4, "USE_PDL": True})
+      for bm in (16, 128) for fp8 in (False, True)],
+    *[(f"GEMV, one row, FMA, {bn}x{bk}{', FP8 weights' if fp8 else ''} (PDL)", gemv._gemv_fma_kernel,
+       {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16",
+        "out_ptr": "*bf16", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
+       {"HAS_BIAS": True, "HAS_SCALE": fp8, "BLOCK_N": bn, "BLOCK_K": bk, "NUM_STAGES": st, "USE_PDL": True})
+      for bn, bk, st in ((8, 256, 6), (16, 256, 4), (16, 512, 3)) for fp8 in (False, True)],
+    ("grammar bitmask on logits", grammar_mask._grammar_mask_kernel,
+     {"logits_ptr": "*fp32", "stride_b": "i32", "rows_ptr": "*i64", "mask_ptr": "*i32", "stride_m": "i32", "V": "i32",
+      "W": "i32"}, {"BLOCK_W": 64}),
+    ("FP8 per-token activation quantization", fp8_quant._quant_row_kernel,
+     {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "K": "i32", "stride_x": "i32", "stride_q": "i32"},
+     {"BLOCK": 1024}),
     ("add + RMSNorm (PDL)", fused_norm._rms_norm_kernel,
      {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
       "stride_x": "i32", "stride_res": "i32", "stride_out": "i32", "stride_res_out": "i32", "d": "i32", "eps": "fp32"},
