@@ -223,11 +223,12 @@ def main() -> None:
     ap.add_argument("--decode-rows", type=int, nargs="*", default=None,
                     help="instead of the two scenarios: decode batches of these many rows, by kernel category")
     ap.add_argument("--decode-context", type=int, default=1000)
+    ap.add_argument("--quantization", choices=("fp8",), default=None, help="FP8 weights, quantized when loaded")
     args = ap.parse_args()
     args.model = resolve_model(args.model)[0]
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.max_model_len,
               enforce_eager=args.enforce_eager, device=args.device, tensor_parallel_size=args.tp,
-              **({"async_scheduling": False} if args.sync_phases else {}))
+              quantization=args.quantization, **({"async_scheduling": False} if args.sync_phases else {}))
     print(f"async_scheduling={llm.config.scheduler_config.async_scheduling}")
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
     random.seed(0)
