@@ -230,7 +230,6 @@ class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
         self.close()
 
 
-
 def _close(executor, structured) -> None:
     executor.close()
     if structured is not None:

@@ -48,7 +48,17 @@ class GuidanceBackend:
 
     @staticmethod
     def grammar_text(so: StructuredOutputsParams) -> str:
-        """The llguidance grammar of a constraint (not yet checked)."""
+        """The llguidance grammar of a constraint (not yet checked against the tokenizer); ValueError naming the
+        field when it cannot even be written (a schema or grammar the converters reject)."""
+        try:
+            return GuidanceBackend._grammar_text(so)
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"structured_outputs.{so.kind} is invalid: {exc}") from None
+
+    @staticmethod
+    def _grammar_text(so: StructuredOutputsParams) -> str:
         import llguidance
         from llguidance.gbnf_to_lark import any_to_lark
 
@@ -74,13 +84,7 @@ class GuidanceBackend:
         the schema, the regex or the grammar is invalid."""
         import llguidance
 
-        try:
-            text = self.grammar_text(so)
-        except ValueError:
-            raise
-        except Exception as exc:
-            raise ValueError(f"structured_outputs.{so.kind} is invalid: {exc}") from None
-        matcher = llguidance.LLMatcher(self.ll_tokenizer, text, log_level=0)
+        matcher = llguidance.LLMatcher(self.ll_tokenizer, self.grammar_text(so), log_level=0)
         if matcher.is_error():
             what = {"json": "JSON schema", "json_object": "JSON object", "regex": "regular expression",
                     "choice": "choice", "grammar": "grammar"}[so.kind]
@@ -105,7 +109,3 @@ class Grammar:
     def is_stopped(self) -> bool:
         """Nothing but EOS may follow (the output is complete), or the grammar failed."""
         return self.matcher.is_stopped()
-
-    @property
-    def is_error(self) -> bool:
-        return self.matcher.is_error()

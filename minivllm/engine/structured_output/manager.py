@@ -84,13 +84,7 @@ class StructuredOutputManager:
 
         if self.cached(so):
             return
-        try:
-            text = self.backend.grammar_text(so)
-        except ValueError:
-            raise
-        except Exception as exc:
-            raise ValueError(f"structured_outputs.{so.kind} is invalid: {exc}") from None
-        error = llguidance.LLMatcher.validate_grammar(text)
+        error = llguidance.LLMatcher.validate_grammar(self.backend.grammar_text(so))
         if error and not error.startswith("WARNING"):
             raise ValueError(f"structured_outputs.{so.kind} is invalid: {error.strip()}")
 
