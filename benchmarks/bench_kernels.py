@@ -9,6 +9,8 @@ achieved bandwidth of the K/V bytes read (2 * batch * context * kv_heads * head_
     python benchmarks/bench_kernels.py --sweep-splits 1 2 4 8 16   # split-KV time per num_splits
     python benchmarks/bench_kernels.py --cuda-graph --configs 64x2x4 64x3x4 128x2x8   # unified kernel,
         BLOCK_NxSTAGESxWARPS tile configurations (rows: the default configuration first)
+    python benchmarks/bench_kernels.py --cuda-graph --kv-dtype fp8 --tiles bf16   # an e4m3 cache, its tiles
+        converted to bf16 instead of fp16 for tl.dot
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def main() -> int:
     parser.add_argument("--cuda-graph", action="store_true", help="time graph replays (no launch overhead)")
     parser.add_argument("--sweep-splits", type=int, nargs="+", help="time split-KV at these num_splits")
     parser.add_argument("--configs", nargs="+", help="time the unified kernel at these BLOCK_NxSTAGESxWARPS")
+    parser.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16", help="the cache's dtype")
+    parser.add_argument("--tiles", choices=["auto", "bf16", "f16"], default="auto",
+                        help="the dtype of the tiles tl.dot takes (auto: the kernels' choice)")
     parser.add_argument("--layout", choices=["nhd", "hnd"], default="nhd",
                         help="KV cache block layout: token-major (the engine's) or head-major (a permuted view)")
     args = parser.parse_args()
@@ -66,6 +71,14 @@ def main() -> int:
 
     num_heads, num_kv_heads, head_dim = args.heads
     dtype = torch.bfloat16
+    if args.tiles != "auto":  # NOTE: both kernels look dot_dtype up in their own module at each launch
+        import triton.language as tl
+
+        from minivllm.kernels import paged_attention as pa_mod
+        from minivllm.kernels import paged_decode as pd_mod
+
+        forced = tl.bfloat16 if args.tiles == "bf16" else tl.float16
+        pa_mod.dot_dtype = pd_mod.dot_dtype = lambda q, c: forced
     scale = head_dim**-0.5
     sms = num_sms(torch.device("cuda"))
 
@@ -78,7 +91,7 @@ def main() -> int:
 
     mode = "CUDA-graph replay" if args.cuda_graph else "eager do_bench"
     print(f"# {torch.cuda.get_device_name()} ({sms} SMs), q/kv heads {num_heads}/{num_kv_heads}, "
-          f"head_dim {head_dim}, bf16, {mode}, {args.layout} blocks; median microseconds, GB/s of K/V read")  # fmt: skip
+          f"head_dim {head_dim}, bf16 q, {args.kv_dtype} KV ({args.tiles} tiles), {mode}, {args.layout} blocks; median microseconds, GB/s of K/V read")  # fmt: skip
     if args.configs:
         header = f"{'batch':>6} {'ctx':>6} {'bs':>4} | {'default':>8} | " + " ".join(f"{c:>9}" for c in args.configs)
     elif args.sweep_splits:
@@ -95,6 +108,8 @@ def main() -> int:
             for batch in args.batches:
                 shape = (num_heads, num_kv_heads, head_dim, dtype)
                 q, kc, vc, ctx, bt = make_decode_batch(batch, context, block_size, *shape, layout=args.layout)
+                if args.kv_dtype == "fp8":
+                    kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
                 kv_bytes = 2 * batch * context * num_kv_heads * head_dim * kc.element_size()
                 splits = choose_num_splits(batch, num_kv_heads, context, sms)
                 out = torch.empty_like(q)

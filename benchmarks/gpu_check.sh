@@ -17,6 +17,11 @@
 #   structured benchmarks/structured/bench_structured.py: grammar masks of 256 rows x 151,936 tokens, and nano with
 #              25% of requests under a JSON schema against nano unconstrained (needs llguidance from .whl/ and the
 #              tokenizer in .bench/bigtok, made by benchmarks/structured/big_tokenizer.py)
+#   fp8tests   the FP8 GPU tests (weights, fused quantization, block GEMM, KV cache) and the FP8 kernel benchmarks
+#              (decode attention over bf16 / e4m3 caches, the FP8 GEMMs, the fused quantization)
+#   fp8nano    Qwen3-8B nano --repeat 3 for each of $FP8_CONFIGS (default "bf16 w8 kv8": bf16; FP8 weights;
+#              FP8 KV cache; "w8kv8": both)
+#   fp8one     Qwen3-8B one-request --repeat 3, bf16 and FP8 weights
 #   tp         benchmarks/tp_scaling.py on Qwen3-8B at TP sizes $TP_SIZES (default "1 2"; 2+ GPUs)
 # Results (JSON, logs) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
 # NOTE: the device tool brings back at most 8 files from $OUT: leave results.tgz there rather than copies of each file.
@@ -66,6 +71,25 @@ for s in $sections; do
                   --threads ${SO_THREADS:-8} --json-out "$R/so_mask.json" 2>&1 | tail -6
                 here timeout 500 python3 benchmarks/structured/bench_structured.py nano --tokenizer .bench/bigtok \
                   --repeat ${SO_REPEAT:-3} --json-out "$R/so_nano.json" 2>&1 | tail -3 ;;
+    fp8tests) here timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_fp8_weights_gpu.py \
+                tests/gpu/test_fp8_block_gemm_gpu.py tests/gpu/test_fused_quant_gpu.py tests/gpu/test_fp8_kv_gpu.py \
+                > "$R/fp8_tests.log" 2>&1; tail -6 "$R/fp8_tests.log"
+              for kv in "bf16" "fp8" "fp8 --tiles bf16"; do
+                here timeout 60 python3 benchmarks/bench_kernels.py --cuda-graph --heads 32 8 128 --batches 64 256 \
+                  --contexts 1024 --block-sizes 16 --kv-dtype $kv 2>&1 | tail -3; done
+              here timeout 90 python3 benchmarks/bench_kernels.py --cuda-graph --heads 32 8 128 --batches 256 \
+                --contexts 1024 --block-sizes 16 --kv-dtype fp8 --configs 64x2x4 128x2x4 64x3x4 128x3x8 64x4x4 2>&1 | tail -2
+              here timeout 120 python3 benchmarks/fp8_gemm_bench.py > "$R/fp8_gemm.txt" 2>&1; tail -40 "$R/fp8_gemm.txt"
+              here timeout 60 python3 benchmarks/fused_quant_bench.py 2>&1 | tail -12 ;;
+    fp8nano) for c in ${FP8_CONFIGS:-bf16 w8 kv8}; do
+               f=""; case $c in w8) f="--quantization fp8";; kv8) f="--kv-cache-dtype fp8";;
+                 w8kv8) f="--quantization fp8 --kv-cache-dtype fp8";; esac
+               here timeout 240 $BENCH --model qwen3-8b --workload nano --repeat 3 $f --json-out "$R/q8b_nano_$c.json" \
+                 2>&1 | tail -6; save; done ;;
+    fp8one) for c in bf16 w8; do
+              f=""; [ $c = w8 ] && f="--quantization fp8"
+              here timeout 200 $BENCH --model qwen3-8b --workload one-request --repeat 3 $f \
+                --json-out "$R/q8b_one_$c.json" 2>&1 | tail -6; save; done ;;
     tp) here timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 240 --model qwen3-8b --tp ${TP_SIZES:-1 2} \
           --json-out "$R/tp_8b.json" 2>&1 | grep -v "^{" | tail -12 ;;
     *) echo "unknown section $s" ;;

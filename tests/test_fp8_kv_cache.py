@@ -119,3 +119,75 @@ def test_engine_with_fp8_kv_cache(tiny_tied_model):
         again = llm.generate(prompts, params, use_tqdm=False)
     assert [len(o["token_ids"]) for o in first] == [12, 12, 12]
     assert [o["token_ids"] for o in first] == [o["token_ids"] for o in again]
+
+
+@pytest.mark.triton
+def test_kv_scales_store_and_read_like_reference(gpu_rounding):
+    """Per-layer scales: the fused store writes ``K / k_scale`` and ``V / v_scale`` bit for bit as the reference,
+    and both attention kernels read them back as attention over the dequantized cache."""
+    gen = torch.Generator().manual_seed(21)
+    rows = [(1, 30), (1, 47), (1, 5)]
+    q, kc, vc, cu, ctx, bt = make_batch(rows, 4, 2, 32, 16, torch.float16, seed=22)
+    k_scale, v_scale = 0.37, 2.5
+    n = 6
+    key, value = torch.randn(n, 2, 32, generator=gen).half() * 3, torch.randn(n, 2, 32, generator=gen).half()
+    slots = torch.arange(n) * 5
+    caches = [torch.zeros(4, 16, 2, 32, dtype=FP8) for _ in range(2)]
+    store_kvcache_ref(key, value, *caches, slots, k_scale, v_scale)
+    dev = [torch.zeros(4, 16, 2, 32, dtype=FP8, device=DEVICE) for _ in range(2)]
+    cos_sin = torch.cat([torch.ones(1, 16), torch.zeros(1, 16)], -1)
+    qk_norm_rope(torch.randn(n, 4, 32, generator=gen).half().to(DEVICE), key.to(DEVICE),
+                 torch.zeros(n, dtype=torch.int64, device=DEVICE), cos_sin.to(DEVICE),
+                 kv_store=(value.to(DEVICE), *dev, slots.to(DEVICE), k_scale, v_scale))
+    assert torch.equal(_bits(dev[0]), _bits(caches[0])) and torch.equal(_bits(dev[1]), _bits(caches[1]))
+    expect = (key.float() / k_scale).clamp(-448, 448).to(FP8).float() * k_scale
+    got = caches[0].view(-1, 2, 32)[slots].float() * k_scale
+    torch.testing.assert_close(got, expect, rtol=0, atol=0)
+
+    kc8, vc8 = kc.to(FP8), vc.to(FP8)
+    args = (cu.cpu(), ctx.cpu(), bt.cpu())
+    ref = paged_attention_ref(q.cpu(), kc8.cpu().float() * k_scale, vc8.cpu().float() * v_scale, *args, 0.2)
+    unified = paged_attention(q, kc8, vc8, None, ctx, bt, 0.2 * k_scale, 1, 47, v_scale=v_scale)
+    split = paged_decode_split_kv(q, kc8, vc8, ctx, bt, 0.2 * k_scale, 47, num_splits=2, v_scale=v_scale,
+                                  block_n=16)
+    for out in (unified, split):
+        torch.testing.assert_close(out.float().cpu(), ref.float(), **TOL[torch.float16])
+
+
+def _with_kv_scales(src: str, out, names: dict[str, float]) -> str:
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out)
+    out.mkdir()
+    for f in Path(src).iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy(f, out / f.name)
+    tensors = {k: v for f in Path(src).glob("*.safetensors") for k, v in load_file(f).items()}
+    tensors.update({k: torch.tensor(v) for k, v in names.items()})
+    save_file(tensors, out / "model.safetensors")
+    return str(out)
+
+
+def test_checkpoint_kv_scales_load_into_each_layer(tiny_tied_model, tmp_path):
+    """vLLM's ``self_attn.k_scale`` / ``v_scale`` and compressed-tensors' ``k_proj.output_scale`` /
+    ``v_proj.output_scale`` set each layer's scales; an FP8 cache uses them, a float cache does not; a
+    non-positive scale is a ValueError naming it."""
+    scales = {"model.layers.0.self_attn.k_scale": 0.25, "model.layers.0.self_attn.v_scale": 0.5,
+              "model.layers.1.self_attn.k_proj.output_scale": 0.125, "model.layers.1.self_attn.v_proj.output_scale": 2.0}
+    path = _with_kv_scales(tiny_tied_model, tmp_path / "scaled", scales)
+    kw = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=4, cpu_kvcache_space_gib=0.0005)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with LLM(path, kv_cache_dtype="fp8", **kw) as llm:
+        layers = [m.self_attn.attn for m in llm.executor.runner.model.model.layers]
+        assert [a.kv_scales() for a in layers[:2]] == [(0.25, 0.5), (0.125, 2.0)]
+        assert all(a.kv_scales() == (1.0, 1.0) for a in layers[2:])
+        out = llm.generate(["hello world"], params, use_tqdm=False)
+    assert len(out[0]["token_ids"]) == 8
+    with LLM(path, **kw) as llm:
+        assert llm.executor.runner.model.model.layers[0].self_attn.attn.kv_scales() == (1.0, 1.0)
+    bad = _with_kv_scales(tiny_tied_model, tmp_path / "bad", {"model.layers.0.self_attn.v_scale": 0.0})
+    with pytest.raises(ValueError, match="v_scale"):
+        LLM(bad, kv_cache_dtype="fp8", **kw)

@@ -16,7 +16,7 @@ def attend_range(
     acc,  # [BLOCK_M, HEAD_DIM_PAD] float32, unnormalized output
     l_i,  # [BLOCK_M] float32, running softmax denominator
     m_i,  # [BLOCK_M] float32, running max (log2 domain)
-    q,  # [BLOCK_M, HEAD_DIM_PAD] query tile (float32 if DOT_F32)
+    q,  # [BLOCK_M, HEAD_DIM_PAD] query tile, already in DOT_DTYPE
     q_pos,  # [BLOCK_M] int32, absolute position of each query (causal limit)
     k_lo,  # first key position (multiple of BLOCK_N)
     k_hi,  # one past the last key position
@@ -33,7 +33,7 @@ def attend_range(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr,  # False: caller guarantees full tiles visible to every query
-    DOT_F32: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,  # the dtype of the tiles given to tl.dot (see ``dot_dtype``)
 ):
     offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
@@ -57,12 +57,8 @@ def attend_range(
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        else:  # NOTE: no-op for a cache in the model's dtype; an FP8 cache's e4m3 values are exact in bf16/fp16
-            k = k.to(q.dtype)
-            v = v.to(q.dtype)
+        k = k.to(DOT_DTYPE)  # NOTE: a no-op for a cache in the model's dtype; e4m3 values are exact in fp16
+        v = v.to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] float32
         if MASKED:
             visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]  # [BLOCK_M, BLOCK_N]
@@ -71,7 +67,7 @@ def attend_range(
         alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]
         p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # [BLOCK_M, HEAD_DIM_PAD]
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v)  # [BLOCK_M, HEAD_DIM_PAD]
         m_i = m_new
     return acc, l_i, m_i
 
@@ -84,24 +80,38 @@ def attend_keys(
     k_hi,  # keys [full_end, k_hi) are masked per query (the diagonal tiles)
     bt_ptr, k_base, v_base, stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
     BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     # attend_range over the unmasked tiles, then over the masked ones
     acc, l_i, m_i = attend_range(
         acc, l_i, m_i, q, q_pos, k_lo, full_end, bt_ptr, k_base, v_base,
         stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, DOT_F32,
+        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, DOT_DTYPE,
     )  # fmt: skip
     return attend_range(
         acc, l_i, m_i, q, q_pos, full_end, k_hi, bt_ptr, k_base, v_base,
         stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, DOT_F32,
+        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, DOT_DTYPE,
     )  # fmt: skip
 
 
-def dot_f32(t: torch.Tensor) -> bool:
-    """The interpreter (Triton on CPU tensors) computes tl.dot on bf16/fp16 wrongly: float32 tiles there."""
-    return t.device.type == "cpu"
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def dot_dtype(query: torch.Tensor, cache: torch.Tensor) -> tl.dtype:
+    """The dtype of the q, K, V and probability tiles given to ``tl.dot``.
+
+    float32 on the CPU: the interpreter computes ``tl.dot`` on bf16/fp16 wrongly. A cache in the model's
+    dtype: that dtype (no conversion). An FP8 cache: float16, since e4m3 -> f16 is one hardware conversion
+    per two values (e4m3 -> bf16 is not, on Hopper) and every e4m3 value and softmax probability is as exact
+    or more in fp16 than in bf16. NOTE: the query is rounded to fp16 then: finite below 65,504, which a
+    normed or RoPE'd query is far from.
+    """
+    if query.device.type == "cpu":
+        return tl.float32
+    if cache.dtype == query.dtype:
+        return _TL_DTYPES[query.dtype]
+    return tl.float16
 
 
 def check_inputs(query, k_cache, v_cache, block_tables) -> tuple[int, int, int]:

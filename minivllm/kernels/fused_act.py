@@ -15,9 +15,20 @@ from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 
 @triton.jit
+def silu_and_mul_cols(x_ptr, row, stride_x, d, offs, mask):
+    """Columns ``offs`` of row ``row``: ``silu(gate) * up`` ``[BLOCK]`` float32 (0 where not ``mask``), not
+    yet rounded to the output dtype (x's). Shared with ``fused_quant`` (the FP8 variant)."""
+    dt = x_ptr.dtype.element_ty
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
+    up = tl.load(x_ptr + row * stride_x + d + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)  # [BLOCK] F.silu, rounded to the dtype
+    return act * up  # [BLOCK] float32
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     x_ptr,  # [n, 2 * d] gate | up (unit stride in the last dim)
-    out_ptr,  # [n, d]
+    out_ptr,  # [n, d], x's dtype
     stride_x,
     stride_out,
     d,
@@ -28,11 +39,8 @@ def _silu_and_mul_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     mask = offs < d
-    dt = out_ptr.dtype.element_ty
-    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
-    up = tl.load(x_ptr + row * stride_x + d + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
-    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)  # [BLOCK] F.silu, rounded to the dtype
-    tl.store(out_ptr + row * stride_out + offs, (act * up).to(dt), mask=mask)
+    y = silu_and_mul_cols(x_ptr, row, stride_x, d, offs, mask)  # [BLOCK] float32
+    tl.store(out_ptr + row * stride_out + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

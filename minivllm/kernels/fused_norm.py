@@ -21,6 +21,37 @@ from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 
 @triton.jit
+def rms_norm_input(x_ptr, res_ptr, row, stride_x, stride_res, offs, mask, HAS_RESIDUAL: tl.constexpr):
+    """``x`` (``+ residual`` if HAS_RESIDUAL, rounded to x's dtype) at ``offs`` of row ``row``, any shape."""
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)  # [BLOCK_D] x.dtype
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + offs, mask=mask, other=0.0)  # [BLOCK_D]
+        # NOTE: rounded to x's dtype like the torch ``x = x + residual``; the norm reads the rounded sum
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # [BLOCK_D]
+    return x
+
+
+@triton.jit
+def rms_norm_rstd(x, d, eps):
+    """``1 / rms`` of a whole row ``x`` ``[BLOCK_D]`` (0 past ``d``), float32.
+
+    NOTE: bit for bit rms_norm's only if the sum is reduced in the same order: ``BLOCK_D =
+    next_power_of_2(d)``, ``_num_warps(BLOCK_D)`` warps and the same register layout, which Triton derives
+    from the vector width of every load and store connected to the row (see ``fused_quant``).
+    """
+    xf = x.to(tl.float32)  # [BLOCK_D]
+    return 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / d + eps)  # scalar float32
+
+
+@triton.jit
+def rms_norm_apply(x, rstd, w_ptr, offs, mask):
+    """``normed * weight`` at ``offs`` (any shape), float32, not yet rounded to the output dtype."""
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_D]
+    normed = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)  # [BLOCK_D] rounded to x's dtype first
+    return normed * w
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr,  # [n, d] input (unit stride in d)
     res_ptr,  # [n, d] residual, read if HAS_RESIDUAL
@@ -41,17 +72,11 @@ def _rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)  # [BLOCK_D]
     mask = offs < d
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)  # [BLOCK_D] x.dtype
+    x = rms_norm_input(x_ptr, res_ptr, row, stride_x, stride_res, offs, mask, HAS_RESIDUAL)  # [BLOCK_D]
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_res + offs, mask=mask, other=0.0)  # [BLOCK_D]
-        # NOTE: rounded to x's dtype like the torch ``x = x + residual``; the norm reads the rounded sum
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # [BLOCK_D]
         tl.store(res_out_ptr + row * stride_res_out + offs, x, mask=mask)
-    xf = x.to(tl.float32)  # [BLOCK_D]
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / d + eps)  # scalar float32
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_D]
-    normed = (xf * rstd).to(x.dtype).to(tl.float32)  # [BLOCK_D] rounded to x's dtype first
-    tl.store(out_ptr + row * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    y = rms_norm_apply(x, rms_norm_rstd(x, d, eps), w_ptr, offs, mask)  # [BLOCK_D] float32
+    tl.store(out_ptr + row * stride_out + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _num_warps(block_d: int) -> int:

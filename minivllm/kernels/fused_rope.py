@@ -77,6 +77,7 @@ def _store_heads_to_cache(
     v_src,  # pointer to v head 0 of this token (v has k's dtype)
     kc, vc,  # pointers to this token's slot in the k / v cache (head 0)
     offs_h, offs_d, mask, stride_vh, stride_ch,
+    inv_k_scale, inv_v_scale,  # an FP8 cache holds K / k_scale and V / v_scale
     HALF: tl.constexpr,
     SAT: tl.constexpr,  # > 0: clamp to [-SAT, SAT] before the cast (FP8 e4m3 has no infinity)
 ):
@@ -88,6 +89,7 @@ def _store_heads_to_cache(
     v1 = tl.load(pv, mask=mask, other=0.0).to(tl.float32)
     v2 = tl.load(pv + HALF, mask=mask, other=0.0).to(tl.float32)
     if SAT > 0:
+        o1, o2, v1, v2 = o1 * inv_k_scale, o2 * inv_k_scale, v1 * inv_v_scale, v2 * inv_v_scale
         o1, o2 = tl.minimum(tl.maximum(o1, -SAT), SAT), tl.minimum(tl.maximum(o2, -SAT), SAT)
         v1, v2 = tl.minimum(tl.maximum(v1, -SAT), SAT), tl.minimum(tl.maximum(v2, -SAT), SAT)
     off = offs_h[:, None] * stride_ch + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
@@ -111,7 +113,7 @@ def _qk_norm_rope_kernel(
     stride_qot, stride_qoh, stride_kot, stride_koh,
     stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
     stride_cache,
-    num_q_heads, num_k_heads, eps,
+    num_q_heads, num_k_heads, eps, inv_k_scale, inv_v_scale,
     HALF: tl.constexpr,
     HAS_NORM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -143,7 +145,7 @@ def _qk_norm_rope_kernel(
             if slot >= 0:
                 base = (slot // CACHE_BLOCK) * stride_cb + (slot % CACHE_BLOCK) * stride_cs
                 _store_heads_to_cache(o1, o2, v_ptr + t * stride_vt, k_cache_ptr + base, v_cache_ptr + base,
-                                      offs_h, offs_d, mask, stride_vh, stride_ch, HALF, SAT)
+                                      offs_h, offs_d, mask, stride_vh, stride_ch, inv_k_scale, inv_v_scale, HALF, SAT)
 
 
 def qk_norm_rope(
@@ -155,14 +157,14 @@ def qk_norm_rope(
     k_weight: torch.Tensor | None = None,  # [hd] k_norm weight (given iff q_weight is)
     eps: float = 1e-6,
     inplace: bool = False,
-    kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    kv_store: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (q_out [n, hq, hd], k_out [n, hkv, hd])
     """Optional per-head RMSNorm of q and k, then rotate-half RoPE at ``positions``; one launch.
 
     ``inplace=False``: new contiguous outputs. ``inplace=True``: results are written into ``q``
     and ``k`` (e.g. into the qkv buffer) and those same views are returned.
-    ``kv_store=(v, k_cache, v_cache, slot_mapping)``: also write the rotated k and ``v`` [n, hkv, hd]
-    to the paged cache, as :func:`minivllm.kernels.store_kvcache.store_kvcache` does.
+    ``kv_store=(v, k_cache, v_cache, slot_mapping[, k_scale, v_scale])``: also write the rotated k and ``v``
+    [n, hkv, hd] to the paged cache, as ``store_kvcache_ref`` does (an FP8 cache: divided by the scales).
     """
     n, hq, hd = q.shape
     hkv = k.shape[1]
@@ -188,20 +190,21 @@ def qk_norm_rope(
     qw = q_weight if has_norm else cos_sin_cache  # NOTE: dummy pointers, never read without HAS_NORM
     kw = k_weight if has_norm else cos_sin_cache
     if kv_store is not None:
-        v, k_cache, v_cache, slots = kv_store
+        v, k_cache, v_cache, slots, *kv_scales = kv_store
         assert v.shape == k.shape and v.dtype == k.dtype and v.stride(-1) == 1 and slots.shape == (n,)
         assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (hkv, hd)
         assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and k_cache.dtype == v_cache.dtype
         cache_strides, sat = k_cache.stride()[:3], fp8_max(k_cache.dtype)
     else:
         v, k_cache, v_cache, slots = k, k, k, positions  # NOTE: dummy pointers, never read without STORE_KV
-        cache_strides, sat = (0, 0, 0), 0.0
+        cache_strides, sat, kv_scales = (0, 0, 0), 0.0, []
+    k_scale, v_scale = kv_scales or (1.0, 1.0)
     _qk_norm_rope_kernel[grid](
         q, k, q_out, k_out, positions, cos_sin_cache, qw, kw, v, k_cache, v_cache, slots,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         v.stride(0), v.stride(1), *cache_strides,
-        cos_sin_cache.stride(0), hq, hkv, eps,
+        cos_sin_cache.stride(0), hq, hkv, eps, 1.0 / k_scale, 1.0 / v_scale,
         HALF=half, HAS_NORM=has_norm, BLOCK_H=block_h, BLOCK_HALF=block_half,
         STORE_KV=kv_store is not None, CACHE_BLOCK=k_cache.shape[1] if kv_store is not None else 1, SAT=sat,
         num_warps=max(1, min(8, block_h * block_half // 128)), **pdl_options(q),

@@ -39,8 +39,14 @@ def block_m(m: int) -> int:
     return min(MAX_BLOCK_M, max(16, triton.next_power_of_2(m)))
 
 
+def gemv_takes(rows: int, weight_numel: int) -> bool:
+    """Whether this many rows times a weight this large take this kernel (one row, or at most ``MAX_ROWS`` rows
+    and a weight of at least ``MIN_WEIGHT_NUMEL`` elements)."""
+    return 0 < rows <= MAX_ROWS and (rows == 1 or weight_numel >= MIN_WEIGHT_NUMEL)
+
+
 def use_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether ``linear(x, w)`` takes this kernel: CUDA, bf16/fp16, one row, or at most ``MAX_ROWS`` rows and a
-    weight of at least ``MIN_WEIGHT_NUMEL`` elements. FP8 weights (with their scales) too."""
-    return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in DTYPES
-            and w.dtype in (x.dtype, torch.float8_e4m3fn) and (x.shape[0] == 1 or w.numel() >= MIN_WEIGHT_NUMEL))
+    """Whether ``linear(x, w)`` takes this kernel: CUDA, bf16/fp16, and :func:`gemv_takes`. FP8 weights (with
+    their scales) too."""
+    return (x.is_cuda and x.dim() == 2 and x.dtype in DTYPES and w.dtype in (x.dtype, torch.float8_e4m3fn)
+            and gemv_takes(x.shape[0], w.numel()))

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_f32
+from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_dtype
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 
@@ -41,6 +41,7 @@ def _paged_attention_kernel(
     context_lens_ptr,  # [num_rows] int32
     block_tables_ptr,  # [num_rows, max_blocks] int32
     qk_scale,
+    v_scale,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -60,7 +61,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     IS_DECODE: tl.constexpr,  # one query per row, token index == row (cu_seqlens_q not read)
-    DOT_F32: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
@@ -90,8 +91,7 @@ def _paged_attention_kernel(
     d_mask = (offs_d < HEAD_DIM)[None, :]  # [1, HEAD_DIM_PAD]
     q_ptrs = q_ptr + (tok64 * stride_qt + head * stride_qh)[:, None] + offs_d[None, :]  # [BLOCK_M, D]
     q = tl.load(q_ptrs, mask=m_valid[:, None] & d_mask, other=0.0)  # [BLOCK_M, HEAD_DIM_PAD]
-    if DOT_F32:
-        q = q.to(tl.float32)
+    q = q.to(DOT_DTYPE)
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -106,10 +106,10 @@ def _paged_attention_kernel(
     acc, l_i, m_i = attend_keys(
         acc, l_i, m_i, q, q_pos, 0, full_end, k_hi, bt_ptr, k_base, v_base,
         stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, DOT_F32,
+        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, DOT_DTYPE,
     )  # fmt: skip
     l_i = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_i[:, None]  # [BLOCK_M, HEAD_DIM_PAD]
+    o = acc / l_i[:, None] * v_scale  # [BLOCK_M, HEAD_DIM_PAD]
     o_ptrs = out_ptr + (tok64 * stride_ot + head * stride_oh)[:, None] + offs_d[None, :]
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_mask)
 
@@ -137,6 +137,7 @@ def paged_attention(
     max_seqlen_q: int,
     max_context_len: int,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
+    v_scale: float = 1.0,
     *,
     block_m: int | None = None,
     block_n: int | None = None,
@@ -148,6 +149,7 @@ def paged_attention(
     The grid is ``(num_rows, cdiv(max_seqlen_q, BLOCK_Q), num_kv_heads)``, computed from host
     ints only. ``max_context_len`` is a tuning hint and is not needed for correctness (loops use
     each row's device ``context_lens``). Rows with ``q_len == 0`` leave ``out`` untouched.
+    An FP8 cache holds ``K / k_scale`` and ``V / v_scale``: give ``scale * k_scale`` as ``scale``, and ``v_scale``.
     ``block_m``/``block_n``/``num_warps``/``num_stages`` override the tile configuration (tests, benchmarks).
     """
     num_heads, num_kv_heads, head_dim = check_inputs(query, k_cache, v_cache, block_tables)
@@ -170,14 +172,14 @@ def paged_attention(
     _paged_attention_kernel[grid](
         out, query, k_cache, v_cache,
         context_lens if is_decode else cu_seqlens_q, context_lens, block_tables,
-        scale * LOG2E,
+        scale * LOG2E, v_scale,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         GROUP=group, G_PAD=g_pad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        IS_DECODE=is_decode, DOT_F32=dot_f32(query),
+        IS_DECODE=is_decode, DOT_DTYPE=dot_dtype(query, k_cache),
         num_warps=warps, num_stages=stages, **pdl_options(query),
     )  # fmt: skip
     return out

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_f32
+from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_dtype
 from minivllm.kernels.paged_attention import paged_attention
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
@@ -48,7 +48,7 @@ def _split_kv_decode_kernel(
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
@@ -70,8 +70,7 @@ def _split_kv_decode_kernel(
     d_mask = (offs_d < HEAD_DIM)[None, :]
     q_ptrs = q_ptr + row.to(tl.int64) * stride_qt + (head * stride_qh)[:, None] + offs_d[None, :]
     q = tl.load(q_ptrs, mask=m_valid[:, None] & d_mask, other=0.0)  # [BLOCK_M, HEAD_DIM_PAD]
-    if DOT_F32:
-        q = q.to(tl.float32)
+    q = q.to(DOT_DTYPE)
     q_pos = tl.zeros([BLOCK_M], dtype=tl.int32) + ctx - 1  # [BLOCK_M]
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
@@ -83,7 +82,7 @@ def _split_kv_decode_kernel(
     acc, l_i, m_i = attend_keys(
         acc, l_i, m_i, q, q_pos, k_lo, full_end, k_hi, bt_ptr, k_base, v_base,
         stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, DOT_F32,
+        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, DOT_DTYPE,
     )  # fmt: skip
 
     part = (row.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + split  # [BLOCK_M]
@@ -98,6 +97,7 @@ def _split_kv_reduce_kernel(
     m_part_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32
     l_part_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32
     acc_part_ptr,  # [num_rows, num_heads, NUM_SPLITS, HEAD_DIM_PAD] float32
+    v_scale,
     stride_ot,
     stride_oh,
     NUM_HEADS: tl.constexpr,
@@ -121,7 +121,7 @@ def _split_kv_reduce_kernel(
     w = tl.exp2(m - tl.max(m, 0))  # [SPLITS_PAD], padded splits -> 0
     denom = tl.sum(w * lse, 0)
     denom = tl.where(denom > 0.0, denom, 1.0)  # rows with context 0 (graph padding) -> output 0
-    o = tl.sum(w[:, None] * acc, 0) / denom  # [HEAD_DIM_PAD]
+    o = tl.sum(w[:, None] * acc, 0) / denom * v_scale  # [HEAD_DIM_PAD]
     o_ptrs = out_ptr + row.to(tl.int64) * stride_ot + head * stride_oh + offs_d
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
@@ -169,6 +169,7 @@ def paged_decode_split_kv(
     max_context_len: int,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,  # [num_rows, num_heads, head_dim]
+    v_scale: float = 1.0,
     *,
     block_n: int | None = None,
 ) -> torch.Tensor:
@@ -203,11 +204,11 @@ def paged_decode_split_kv(
         block_tables.stride(0),
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group,
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, BLOCK_SIZE=k_cache.shape[1],
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, DOT_F32=dot_f32(query),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, DOT_DTYPE=dot_dtype(query, k_cache),
         num_warps=4, num_stages=2, **pdl_options(query),
     )  # fmt: skip
     _split_kv_reduce_kernel[(num_rows, num_heads)](
-        out, m_part, l_part, acc_part, out.stride(0), out.stride(1),
+        out, m_part, l_part, acc_part, v_scale, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad,
         num_warps=1 if d_pad * num_splits <= 1024 else 4, **pdl_options(query),
@@ -224,6 +225,7 @@ def paged_decode(
     scale: float,
     max_context_len: int,
     out: torch.Tensor | None = None,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention: split-KV when the batch cannot fill the GPU, else the unified kernel.
 
@@ -236,8 +238,8 @@ def paged_decode(
     )
     if num_splits > 1:
         return paged_decode_split_kv(
-            query, k_cache, v_cache, context_lens, block_tables, scale, max_context_len, num_splits, out
+            query, k_cache, v_cache, context_lens, block_tables, scale, max_context_len, num_splits, out, v_scale
         )
     return paged_attention(
-        query, k_cache, v_cache, None, context_lens, block_tables, scale, 1, max_context_len, out
+        query, k_cache, v_cache, None, context_lens, block_tables, scale, 1, max_context_len, out, v_scale
     )

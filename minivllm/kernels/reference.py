@@ -25,12 +25,16 @@ def store_kvcache_ref(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int, -1 = skip
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
+    """Write each token's K/V to its slot; an FP8 cache holds ``K / k_scale`` and ``V / v_scale``."""
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
     sat = fp8_max(k_cache.dtype)
     if sat:  # NOTE: e4m3 has no infinity: out-of-range values saturate instead of becoming NaN
-        key, value = key.float().clamp(-sat, sat), value.float().clamp(-sat, sat)
+        key, value = key.float() * (1.0 / k_scale), value.float() * (1.0 / v_scale)
+        key, value = key.clamp(-sat, sat), value.clamp(-sat, sat)
     k_flat = k_cache.view(-1, *k_cache.shape[2:])  # [num_blocks * block_size, num_kv_heads, head_dim]
     v_flat = v_cache.view(-1, *v_cache.shape[2:])
     k_flat[slots] = key[valid].to(k_cache.dtype)
@@ -129,14 +133,17 @@ def apply_grammar_bitmask_ref(logits: torch.Tensor, rows: torch.Tensor, bitmask:
 FP8_E4M3_MAX = 448.0
 
 
-def quantize_fp8_ref(x: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic FP8 (e4m3) quantization of ``x`` ([M, K]): one scale per row, or per ``group`` columns of a row.
+def quantize_fp8_ref(x: torch.Tensor, group: int | None = None,
+                     scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic FP8 (e4m3) quantization of ``x`` ([M, K]): one scale per row, or per ``group`` columns of a row
+    (``scale``: per-row scales given, ``[M, 1]``, instead of each row's own amax / 448).
     Returns ``(x8 [M, K] float8_e4m3fn, scale [M, 1] or [M, ceil(K / group)] float32)``, ``x ~ x8 * scale``."""
     M, K = x.shape
     g = K if group is None else group
     n = -(-K // g)
     padded = torch.nn.functional.pad(x.float(), (0, n * g - K)).view(M, n, g)  # [M, n, g]
-    scale = (padded.abs().amax(-1) / FP8_E4M3_MAX).clamp(min=1e-12)  # [M, n]
+    if scale is None:
+        scale = (padded.abs().amax(-1) / FP8_E4M3_MAX).clamp(min=1e-12)  # [M, n]
     # NOTE: times the reciprocal, as the Triton kernel does, so both round to the same FP8 values
     q = (padded * (1.0 / scale).unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).view(M, n * g)[:, :K]
     return q.to(torch.float8_e4m3fn), scale
@@ -160,23 +167,31 @@ def quantize_weight_fp8_ref(w: torch.Tensor, block: tuple[int, int] | None) -> t
 def dequantize_weight_fp8_ref(w8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
                               dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The ``[N, K]`` weight an FP8 weight and its scales stand for."""
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
     if block is None:
-        return (w8.to(torch.float32) * scale.view(-1, 1).float()).to(dtype)
+        return (w8.to(wide) * scale.view(-1, 1).to(wide)).to(dtype)
     N, K = w8.shape
-    full = scale.float().repeat_interleave(block[0], 0)[:N].repeat_interleave(block[1], 1)[:, :K]  # [N, K]
-    return (w8.to(torch.float32) * full).to(dtype)
+    full = scale.to(wide).repeat_interleave(block[0], 0)[:N].repeat_interleave(block[1], 1)[:, :K]  # [N, K]
+    return (w8.to(wide) * full).to(dtype)
 
 
 def fp8_linear_ref(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
+                   bias: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """An FP8 linear layer in plain torch: ``x`` ([..., K]) quantized per token (per token and ``block[1]``
-    columns with block weights, as the FP8 block recipe does), times the dequantized weight, in float32."""
+    columns with block weights, as the FP8 block recipe does; ``x_scale`` [M, 1]: per-token scales given),
+    times the dequantized weight. In ``out_dtype`` (default ``x``'s).
+
+    NOTE: the products are summed in float64, where every term (an e4m3 value times a float32 scale, twice) is
+    nearly exact, so the result hardly depends on how K is split: tensor-parallel ranks' partial sums, added,
+    round to what one rank computes.
+    """
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    q, s = quantize_fp8_ref(x2, None if block is None else block[1])
+    q, s = quantize_fp8_ref(x2, None if block is None else block[1], x_scale)
     g = x2.shape[1] if block is None else block[1]
-    xd = q.float() * s.repeat_interleave(g, 1)[:, :x2.shape[1]]  # [M, K]
-    y = xd @ dequantize_weight_fp8_ref(w8, scale, block).t()
+    xd = q.double() * s.double().repeat_interleave(g, 1)[:, :x2.shape[1]]  # [M, K]
+    y = xd @ dequantize_weight_fp8_ref(w8, scale, block, torch.float64).t()  # [M, N]
     if bias is not None:
-        y = y + bias.float()
-    return y.to(x.dtype).view(*shape[:-1], w8.shape[0])
+        y = y + bias.double()
+    return y.to(out_dtype or x.dtype).view(*shape[:-1], w8.shape[0])

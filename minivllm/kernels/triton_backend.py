@@ -15,10 +15,13 @@ def triton_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Attend over the paged cache, which already holds this step's K/V."""
+    """Attend over the paged cache, which already holds this step's K/V (an FP8 cache: ``K / k_scale`` and
+    ``V / v_scale``, with ``scale`` given times ``k_scale``)."""
     if meta.is_decode:
         # NOTE: decode-only steps may run inside a CUDA graph: nothing here reads device values.
-        return paged_decode(q, k_cache, v_cache, meta.context_lens, meta.block_tables, scale, meta.max_context_len)
+        return paged_decode(q, k_cache, v_cache, meta.context_lens, meta.block_tables, scale, meta.max_context_len,
+                            v_scale=v_scale)
     return paged_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.context_lens, meta.block_tables, scale,
-                           meta.max_seqlen_q, meta.max_context_len)
+                           meta.max_seqlen_q, meta.max_context_len, v_scale=v_scale)

@@ -12,7 +12,14 @@ class SiluAndMul(nn.Module):
         super().__init__()
         self.fused = fused
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, 2 * d] -> [n, d]
+    def forward(self, x: torch.Tensor, quant: int | None = None):  # [n, 2 * d] -> [n, d]
+        """``quant`` (the down projection's ``input_quant``): the fused path returns ``[n, d]`` quantized to FP8
+        in the same kernel, as an ``Fp8Activation`` (0: one scale per row, ``g``: per ``g`` columns)."""
+        if self.fused and quant is not None:
+            from minivllm.kernels.fused_quant import silu_and_mul_fp8
+            from minivllm.layers.quantization.fp8 import Fp8Activation
+
+            return Fp8Activation(*silu_and_mul_fp8(x, quant or None), x.dtype)
         if self.fused:
             from minivllm.kernels.fused_act import silu_and_mul
 

@@ -14,6 +14,9 @@ class Attention(nn.Module):
 
     backend "torch": the reference (CPU, obviously right); "triton": the GPU kernels, where the q/k norm + RoPE
     kernel stores this step's K/V (:meth:`kv_store_args` gives it the cache).
+
+    An FP8 cache holds ``K / k_scale`` and ``V / v_scale``: the checkpoint's per-layer scales where it has them
+    (:meth:`load_kv_scale`), else 1.0. A cache in the model's dtype ignores them.
     """
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int, backend: str = "torch"):
@@ -21,13 +24,27 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.backend = backend
         self.k_cache = self.v_cache = torch.tensor([])
+        self.k_scale = self.v_scale = 1.0
+
+    def load_kv_scale(self, which: str, loaded: torch.Tensor) -> None:
+        """Take a checkpoint's ``k_scale`` / ``v_scale`` (``which``: "k" or "v"; one positive value)."""
+        value = float(loaded.float().max())  # NOTE: some checkpoints store one value per shard: the largest covers all
+        if not value > 0.0 or value == float("inf"):
+            raise ValueError(f"the checkpoint's {which}_scale must be positive and finite, got {value}")
+        setattr(self, f"{which}_scale", value)
+
+    def kv_scales(self) -> tuple[float, float]:
+        """(k_scale, v_scale) as the cache is read and written: (1.0, 1.0) unless the cache is FP8."""
+        if self.k_cache.dtype in (torch.float8_e4m3fn,):
+            return self.k_scale, self.v_scale
+        return 1.0, 1.0
 
     def kv_store_args(self, v: torch.Tensor, meta: AttentionMetadata) -> tuple | None:
         """``(v, k_cache, v_cache, slot_mapping)`` for a kernel that stores this step's K/V itself, or None
         without a cache."""
         if self.k_cache.numel() == 0:
             return None
-        return v, self.k_cache, self.v_cache, meta.slot_mapping
+        return v, self.k_cache, self.v_cache, meta.slot_mapping, *self.kv_scales()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
                 kv_stored: bool = False) -> torch.Tensor:
@@ -37,14 +54,17 @@ class Attention(nn.Module):
         """
         if self.k_cache.numel() == 0:
             raise RuntimeError("the KV cache is not allocated")
+        k_scale, v_scale = self.kv_scales()
         if not kv_stored:
-            store_kvcache_ref(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+            store_kvcache_ref(k, v, self.k_cache, self.v_cache, meta.slot_mapping, k_scale, v_scale)
         if self.backend == "triton":
             from minivllm.kernels.triton_backend import triton_attention
 
-            return triton_attention(q, self.k_cache, self.v_cache, meta, self.scale)
+            return triton_attention(q, self.k_cache, self.v_cache, meta, self.scale * k_scale, v_scale)
         if meta.is_decode and meta.context_lens_cpu:
-            return paged_decode_torch(q, self.k_cache, self.v_cache, meta.context_lens_cpu, meta.block_tables,
-                                      self.scale)
-        return paged_attention_ref(q, self.k_cache, self.v_cache, meta.cu_seqlens_q_cpu or meta.cu_seqlens_q,
-                                   meta.context_lens_cpu or meta.context_lens, meta.block_tables, self.scale)
+            o = paged_decode_torch(q, self.k_cache, self.v_cache, meta.context_lens_cpu, meta.block_tables,
+                                   self.scale * k_scale)
+        else:
+            o = paged_attention_ref(q, self.k_cache, self.v_cache, meta.cu_seqlens_q_cpu or meta.cu_seqlens_q,
+                                    meta.context_lens_cpu or meta.context_lens, meta.block_tables, self.scale * k_scale)
+        return o if v_scale == 1.0 else o * v_scale

@@ -30,17 +30,22 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return x.to(dtype) * self.weight
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, quant: int | None = None):
         """``x + residual`` is normalised and also returned as the new residual (HF order of ops).
 
-        NOTE: the fused path writes in place into ``x`` and ``residual`` (both are activations
+        ``quant`` (the consuming FP8 layer's ``input_quant``): the fused path returns the normalised rows
+        quantized to FP8 in the same kernel, as an ``Fp8Activation`` (0: one scale per row, ``g``: per ``g``
+        columns). NOTE: the fused path writes in place into ``x`` and ``residual`` (both are activations
         this layer owns); without a residual it writes a new tensor, since ``x`` becomes the residual.
         """
         if self.tp_group is not None and residual is not None:
             if not self.fused:
                 self.tp_group.all_reduce(x)
+                x = x.to(residual.dtype)  # NOTE: an FP8 layer's partial sums come in float64 on the CPU
             elif (done := self.tp_group.all_reduce_add_rms_norm(x, residual, self.weight, self.eps)) is not None:
                 return done
+        if self.fused and quant is not None:
+            return self._forward_fp8(x, residual, quant)
         if self.fused:
             from minivllm.kernels.fused_norm import fused_add_rms_norm, rms_norm
 
@@ -51,3 +56,14 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+    def _forward_fp8(self, x: torch.Tensor, residual: torch.Tensor | None, quant: int):
+        from minivllm.kernels.fused_quant import fused_add_rms_norm_fp8, rms_norm_fp8
+        from minivllm.layers.quantization.fp8 import Fp8Activation
+
+        group = quant or None
+        if residual is None:
+            x8, scale = rms_norm_fp8(x, self.weight, self.eps, group)
+            return Fp8Activation(x8, scale, x.dtype)
+        x8, scale, residual = fused_add_rms_norm_fp8(x, residual, self.weight, self.eps, group)
+        return Fp8Activation(x8, scale, x.dtype), residual

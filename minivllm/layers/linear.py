@@ -51,6 +51,13 @@ class LinearBase(nn.Module):
             loaded = loaded.narrow(self.tp_dim, self.tp_rank * shard, shard)
         param.data.copy_(loaded)
 
+    def input_quant(self, x: torch.Tensor) -> int | None:
+        """How the kernel producing this layer's input ``x`` ([rows, ...]) should hand it over: None as it is, else
+        quantized to FP8 (0: per row; ``g``: per row and ``g`` columns), see ``Fp8LinearMethod.input_quant``."""
+        if self.quant_method is None:
+            return None
+        return self.quant_method.input_quant(self, x.shape[0], x.device)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W^T + b`` on this rank's weight (FP8 through its quantization method)."""
         if self.quant_method is not None:
@@ -140,4 +147,5 @@ class RowParallelLinear(LinearBase):
         y = self.matmul(x)
         if self.tp_size > 1 and self.reduce_results:
             self.tp_group.all_reduce(y)
+            y = y.to(x.dtype)  # NOTE: an FP8 layer's partial sums come in float64 on the CPU
         return y

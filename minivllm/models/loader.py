@@ -36,6 +36,9 @@ def load_weights(model: nn.Module, path: str) -> None:
                     continue  # NOTE: FP8 activations are scaled per token at run time, not by a stored scale
                 if name == "lm_head.weight" and getattr(model, "tie_word_embeddings", False):
                     continue
+                if (kv := _kv_scale_target(name)) is not None:  # a per-layer FP8 KV cache scale
+                    model.get_submodule(kv[0]).load_kv_scale(kv[1], f.get_tensor(name))
+                    continue
                 target, shard_id = name.replace(".weight_scale_inv", ".weight_scale"), None
                 for hf_name, (ours, sid) in packed.items():
                     if f".{hf_name}." in name:
@@ -58,6 +61,19 @@ def load_weights(model: nn.Module, path: str) -> None:
         missing.discard("lm_head.weight")
     if missing:
         raise ValueError(f"checkpoint {path!r} lacks weights for: {', '.join(sorted(missing)[:8])}")
+
+
+_KV_SCALE_SUFFIXES = {".self_attn.k_scale": "k", ".self_attn.v_scale": "v",
+                      ".self_attn.k_proj.output_scale": "k", ".self_attn.v_proj.output_scale": "v"}
+
+
+def _kv_scale_target(name: str) -> tuple[str, str] | None:
+    """``(attention module, "k" | "v")`` for a checkpoint's FP8 KV cache scale (vLLM's names, and
+    compressed-tensors' ``output_scale`` of k_proj / v_proj), else None."""
+    for suffix, which in _KV_SCALE_SUFFIXES.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)] + ".self_attn.attn", which
+    return None
 
 
 @torch.no_grad()

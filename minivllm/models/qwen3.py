@@ -79,7 +79,8 @@ class MLP(nn.Module):
         self.act_fn = SiluAndMul(fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        h = self.gate_up_proj(x)  # [n, 2 * intermediate]
+        return self.down_proj(self.act_fn(h, self.down_proj.input_quant(h)))
 
 
 class DecoderLayer(nn.Module):
@@ -97,12 +98,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused, tp_group)
 
     def forward(self, positions, x, residual, meta):
+        # NOTE: with FP8 layers the norms may hand their GEMMs FP8 rows (``input_quant``)
         if residual is None:
-            x, residual = self.input_layernorm(x), x
+            x, residual = self.input_layernorm(x, quant=self.self_attn.qkv_proj.input_quant(x)), x
         else:
-            x, residual = self.input_layernorm(x, residual)
+            x, residual = self.input_layernorm(x, residual, self.self_attn.qkv_proj.input_quant(x))
         x = self.self_attn(positions, x, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm(x, residual, self.mlp.gate_up_proj.input_quant(x))
         return self.mlp(x), residual
 
 
