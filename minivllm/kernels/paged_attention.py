@@ -117,12 +117,15 @@ def _paged_attention_kernel(
 # ----------------------------------------------------------------------------- host side
 
 
-def _tile_config(group: int, head_dim: int, max_seqlen_q: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the unified kernel (tuned on H200, d=128)."""
+def _tile_config(group: int, head_dim: int, max_seqlen_q: int, kv_bytes: int = 2) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the unified kernel (tuned on H200, d=128).
+
+    Decoding over an FP8 cache (``kv_bytes`` 1) takes key tiles twice as long: the same bytes per tile, and
+    fewer loop steps (``benchmarks/bench_kernels.py --kv-dtype fp8 --configs``)."""
     g_pad = triton.next_power_of_2(group)
     block_n = 64 if head_dim <= 128 else 32
     if max_seqlen_q <= 1:  # decode: one token per row, M = the GQA group padded to >= 16
-        return max(16, g_pad), block_n, 4, 2
+        return max(16, g_pad), block_n * (2 if kv_bytes == 1 else 1), 4, 2
     return max(64, g_pad), block_n, 4, 2
 
 
@@ -164,7 +167,7 @@ def paged_attention(
     assert out.stride(-1) == 1 and out.shape == query.shape
     if num_rows == 0 or max_seqlen_q <= 0:
         return out
-    bm, bn, warps, stages = _tile_config(group, head_dim, max_seqlen_q)
+    bm, bn, warps, stages = _tile_config(group, head_dim, max_seqlen_q, k_cache.element_size())
     warps, stages = num_warps or warps, num_stages or stages
     bm = max(block_m or bm, g_pad, 16)
     bn = max(block_n or bn, 16)
