@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 from kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 from minivllm.kernels.fp8_block_gemm import fp8_block_gemm, fp8_gemm_config, quantize_fp8_per_group  # noqa: E402
-from minivllm.kernels.reference import fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref  # noqa: E402
+from minivllm.kernels.reference import fp8_gemm_ref, fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref  # noqa: E402
 
 pytestmark = pytest.mark.triton
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -27,16 +27,7 @@ TOL = {torch.float32: 1e-4 if DEV == "cpu" else 2e-3, torch.bfloat16: 1e-2}
 
 def gemm_reference(x8, x_scale, w8, w_scale, block, bias=None) -> torch.Tensor:
     """``[M, N]`` float64: the FP8 operands times their scales, multiplied in float64."""
-    K, N = x8.shape[1], w8.shape[0]
-    if block is None:
-        xd = x8.double() * x_scale.double()  # [M, K], x_scale [M, 1]
-        wd = w8.double() * w_scale.double()[:, None]  # [N, K]
-    else:
-        b0, b1 = block
-        xd = x8.double() * x_scale.double().repeat_interleave(b1, 1)[:, :K]
-        wd = w8.double() * w_scale.double().repeat_interleave(b0, 0)[:N].repeat_interleave(b1, 1)[:, :K]
-    y = xd @ wd.t()  # [M, N]
-    return y if bias is None else y + bias.double()
+    return fp8_gemm_ref(x8, x_scale, w8, w_scale, block, bias)
 
 
 def operands(M, N, K, block, seed=0):

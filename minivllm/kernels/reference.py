@@ -189,9 +189,16 @@ def fp8_linear_ref(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, block
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     q, s = quantize_fp8_ref(x2, None if block is None else block[1], x_scale)
-    g = x2.shape[1] if block is None else block[1]
-    xd = q.double() * s.double().repeat_interleave(g, 1)[:, :x2.shape[1]]  # [M, K]
-    y = xd @ dequantize_weight_fp8_ref(w8, scale, block, torch.float64).t()  # [M, N]
-    if bias is not None:
-        y = y + bias.double()
+    y = fp8_gemm_ref(q, s, w8, scale, block, bias)  # [M, N] float64
     return y.to(out_dtype or x.dtype).view(*shape[:-1], w8.shape[0])
+
+
+def fp8_gemm_ref(x8: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
+                 block: tuple[int, int] | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``[M, N]`` float64: FP8 activations ``x8`` [M, K] times their scales ([M, 1], or [M, ceil(K / block[1])])
+    by the dequantized FP8 weight, plus ``bias``."""
+    K = x8.shape[1]
+    g = K if x_scale.shape[1] == 1 else block[1]
+    xd = x8.double() * x_scale.double().repeat_interleave(g, 1)[:, :K]  # [M, K]
+    y = xd @ dequantize_weight_fp8_ref(w8, w_scale, block, torch.float64).t()  # [M, N]
+    return y if bias is None else y + bias.double()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minivllm.kernels.fp8_block_gemm import fp8_block_gemm, quantize_fp8_per_group
-from minivllm.kernels.reference import fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref
+from minivllm.kernels.reference import fp8_gemm_ref, fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)]  # qkv, o, gate_up, down (N, K)
@@ -19,16 +19,7 @@ TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
 
 def gemm_reference(x8, x_scale, w8, w_scale, block, bias=None) -> torch.Tensor:
     """``[M, N]`` float64: the FP8 operands times their scales, multiplied in float64."""
-    K, N = x8.shape[1], w8.shape[0]
-    if block is None:
-        xd = x8.double() * x_scale.double()  # [M, K], x_scale [M, 1]
-        wd = w8.double() * w_scale.double()[:, None]  # [N, K]
-    else:
-        b0, b1 = block
-        xd = x8.double() * x_scale.double().repeat_interleave(b1, 1)[:, :K]
-        wd = w8.double() * w_scale.double().repeat_interleave(b0, 0)[:N].repeat_interleave(b1, 1)[:, :K]
-    y = xd @ wd.t()  # [M, N]
-    return y if bias is None else y + bias.double()
+    return fp8_gemm_ref(x8, x_scale, w8, w_scale, block, bias)
 
 
 @pytest.fixture(scope="module", params=SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
