@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -56,9 +57,9 @@ KERNELS = [
     ("grammar bitmask on logits", grammar_mask._grammar_mask_kernel,
      {"logits_ptr": "*fp32", "stride_b": "i32", "rows_ptr": "*i64", "mask_ptr": "*i32", "stride_m": "i32", "V": "i32",
       "W": "i32"}, {"BLOCK_W": 64}),
-    ("FP8 per-token activation quantization", fp8_quant._quant_row_kernel,
-     {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "K": "i32", "stride_x": "i32", "stride_q": "i32"},
-     {"BLOCK": 1024}),
+    *[(f"FP8 per-token activation quantization{name}", fp8_quant._quant_row_kernel,
+       {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "K": "i32", "stride_x": "i32", "stride_q": "i32"},
+       {"BLOCK": 1024, "GIVEN_SCALE": given}) for name, given in (("", False), (", scales given", True))],
     ("add + RMSNorm (PDL)", fused_norm._rms_norm_kernel,
      {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
       "stride_x": "i32", "stride_res": "i32", "stride_out": "i32", "stride_res_out": "i32", "d": "i32", "eps": "fp32"},
@@ -73,7 +74,7 @@ KERNELS = [
         "slot_ptr": "*i64",
         **dict.fromkeys(("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_qot", "stride_qoh", "stride_kot",
                          "stride_koh", "stride_vt", "stride_vh", "stride_cb", "stride_cs", "stride_ch", "stride_cache",
-                         "num_q_heads", "num_k_heads"), "i32"), "eps": "fp32"},
+                         "num_q_heads", "num_k_heads"), "i32"), "eps": "fp32", "inv_k_scale": "fp32", "inv_v_scale": "fp32"},
        {"HALF": 64, "HAS_NORM": True, "BLOCK_H": 8, "BLOCK_HALF": 64, "STORE_KV": store, "CACHE_BLOCK": 256,
         "SAT": sat, "USE_PDL": True})
       for store, cache, sat in ((False, "*bf16", 0.0), (True, "*bf16", 0.0), (True, "*fp8e4nv", 448.0))],
@@ -83,18 +84,20 @@ KERNELS = [
       **dict.fromkeys(("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs",
                        "stride_vh", "stride_bt"), "i32")},
      {"NUM_HEADS": 16, "NUM_SPLITS": 8, "GROUP": 4, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_SIZE": 256, "HEAD_DIM": 128,
-      "HEAD_DIM_PAD": 128, "DOT_F32": False, "USE_PDL": True}),
+      "HEAD_DIM_PAD": 128, "DOT_DTYPE": tl.bfloat16, "USE_PDL": True}),
     ("split-KV reduce (PDL)", paged_decode._split_kv_reduce_kernel,
-     {"out_ptr": "*bf16", **dict.fromkeys(("m_part_ptr", "l_part_ptr", "acc_part_ptr"), "*fp32"),
+     {"out_ptr": "*bf16", **dict.fromkeys(("m_part_ptr", "l_part_ptr", "acc_part_ptr"), "*fp32"), "v_scale": "fp32",
       "stride_ot": "i32", "stride_oh": "i32"},
      {"NUM_HEADS": 16, "NUM_SPLITS": 8, "SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_DIM_PAD": 128, "USE_PDL": True}),
-    ("paged attention (PDL)", paged_attention._paged_attention_kernel,
-     {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "cu_seqlens_q_ptr": "*i32",
-      "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32",
-      **dict.fromkeys(("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
-                       "stride_vb", "stride_vs", "stride_vh", "stride_bt"), "i32")},
-     {"GROUP": 4, "G_PAD": 4, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_SIZE": 256, "HEAD_DIM": 128, "HEAD_DIM_PAD": 128,
-      "IS_DECODE": False, "DOT_F32": False, "USE_PDL": True}),
+    *[(f"paged attention (PDL){name}", paged_attention._paged_attention_kernel,
+       {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "cu_seqlens_q_ptr": "*i32",
+        "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32", "v_scale": "fp32",
+        **dict.fromkeys(("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
+                         "stride_vb", "stride_vs", "stride_vh", "stride_bt"), "i32")},
+       {"GROUP": 4, "G_PAD": 4, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_SIZE": 256, "HEAD_DIM": 128, "HEAD_DIM_PAD": 128,
+        "IS_DECODE": decode, "DOT_DTYPE": dot, "USE_PDL": True})
+      for name, cache, bm, bn, decode, dot in (("", "*bf16", 64, 64, False, tl.bfloat16),
+                                               (", FP8 KV decode", "*fp8e4nv", 16, 128, True, tl.float16))],
     *[(f"Gumbel chunk{name}", gs._gumbel_chunk_kernel,
        {"logits_ptr": "*bf16", "stride_b": "i32", "temperature_ptr": "*fp32", "seeds_ptr": "*i64",
         "best_ptr": "*fp32", "idx_ptr": "*i32", "V": "i32", "C": "i32", "vocab_start": "i32"},
