@@ -4,7 +4,7 @@
 #   bash scripts/test.sh [PYTEST ARGS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh server,triton,test
+bash scripts/setup.sh server,triton,test,ray
 PY=${PYTHON:-python3}
 "$PY" -m ruff check minivllm tests benchmarks scripts
 "$PY" -m pytest -q -m "" tests benchmarks/tests "$@"

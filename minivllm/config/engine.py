@@ -75,15 +75,19 @@ class StructuredOutputsConfig:
 
 @dataclass
 class ParallelConfig:
-    """Tensor parallelism: one process per GPU, NCCL between them (gloo on the CPU)."""
+    """Tensor parallelism: one process per GPU, NCCL between them (gloo on the CPU). Data parallelism: engine
+    replicas as Ray actors, each with its own ``tensor_parallel_size`` GPUs (``LLM`` only; ``minivllm[ray]``)."""
 
     tensor_parallel_size: int = arg(1, "GPUs to shard the model over")
+    data_parallel_size: int = arg(1, "engine replicas run through Ray, prompts split among them (LLM only; "
+                                     "needs the ray extra)")
     disable_custom_all_reduce: bool = arg(False, "sum every tensor-parallel activation with NCCL instead of "
                                                  "the one-shot all-reduce kernel over CUDA IPC buffers")
 
     def __post_init__(self) -> None:
         check_types(self)
         at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
+        at_least("data_parallel_size", self.data_parallel_size, 1)
 
 
 @dataclass

@@ -1,0 +1,144 @@
+"""Data parallelism offline: ``LLM(model, data_parallel_size=N)`` runs N engine replicas as Ray actors.
+
+Each replica is a whole ``LLM`` (its own scheduler, KV cache and, at ``tensor_parallel_size`` > 1, its own
+tensor-parallel workers) on ``tensor_parallel_size`` GPUs of its own; Ray places the actors and gives each its
+GPUs. ``generate`` and ``chat`` cut the prompts into N contiguous shards of near-equal size, run the shards at
+once, and return the outputs in prompt order. Ray is the cluster manager: with no Ray runtime in the process,
+one is started here (a local one) and shut down by :meth:`DataParallelLLM.close`; with one (``ray.init``
+called before, e.g. to join a cluster), the replicas run on it and it is left running.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from minivllm.sampling_params import SamplingParams
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as e:  # NOTE: an optional dependency (pip install minivllm[ray])
+        raise ImportError("data_parallel_size > 1 runs its replicas on Ray: pip install 'minivllm[ray]'") from e
+    return ray
+
+
+class _Replica:
+    """One engine replica inside a Ray actor."""
+
+    def __init__(self, model: str, kwargs: dict):
+        from minivllm.llm import LLM
+
+        self.llm = LLM(model, **kwargs)
+
+    def ready(self) -> int:
+        return self.llm.num_kvcache_blocks
+
+    def generate(self, prompts: list, params: list[SamplingParams]) -> list[dict]:
+        return self.llm.generate(prompts, params, use_tqdm=False)
+
+    def chat(self, conversations: list, params: list[SamplingParams], kwargs: dict) -> list[dict]:
+        return self.llm.chat(conversations, params, use_tqdm=False, **kwargs)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def shard_bounds(n_items: int, n_shards: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of ``n_shards`` contiguous shards of near-equal size (the first ones one longer)."""
+    base, extra = divmod(n_items, n_shards)
+    bounds, start = [], 0
+    for i in range(n_shards):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+class DataParallelLLM:
+    """``data_parallel_size`` replicas of ``LLM(model, **kwargs)`` behind one ``generate`` / ``chat``."""
+
+    def __init__(self, model: str, data_parallel_size: int, **kwargs):
+        from minivllm.config import Config
+
+        config = Config.create(model, data_parallel_size=data_parallel_size, **kwargs)  # ValueError on bad input
+        ray = _import_ray()
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        self.data_parallel_size = data_parallel_size
+        gpus = config.parallel_config.tensor_parallel_size if config.device_config.device != "cpu" else 0
+        self._replicas = []
+        self._finalizer = weakref.finalize(self, _shutdown, self._replicas, self._owns_ray)
+        available = ray.cluster_resources().get("GPU", 0)
+        if gpus and available < gpus * data_parallel_size:  # NOTE: Ray would wait for them forever
+            self.close()
+            raise ValueError(f"data_parallel_size {data_parallel_size} x tensor_parallel_size {gpus} needs "
+                             f"{gpus * data_parallel_size} GPUs; the Ray cluster has {available:g}")
+        # NOTE: no CPU reservation: a replica's threads are the engine's own (cpu_threads), and a reserved CPU
+        # per actor would leave replicas pending forever on a machine with fewer cores than replicas
+        actor = ray.remote(num_cpus=0, num_gpus=gpus)(_Replica)
+        self._replicas.extend(actor.remote(model, kwargs) for _ in range(data_parallel_size))
+        try:
+            blocks = self._get([r.ready.remote() for r in self._replicas])
+        except BaseException:
+            self.close()
+            raise
+        self.num_kvcache_blocks = blocks[0]
+
+    def _get(self, refs):
+        ray = _import_ray()
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayTaskError as e:  # NOTE: the replica's own exception (a ValueError naming the field)
+            raise e.as_instanceof_cause() from None
+
+    def _run(self, method: str, items: list, params, *extra) -> list[dict]:
+        if isinstance(params, SamplingParams) or params is None:
+            params = [params or SamplingParams()] * len(items)
+        if len(params) != len(items):
+            raise ValueError(f"got {len(params)} sampling params for {len(items)} prompts")
+        shards = [(lo, hi) for lo, hi in shard_bounds(len(items), len(self._replicas)) if hi > lo]
+        refs = [getattr(self._replicas[i], method).remote(items[lo:hi], params[lo:hi], *extra)
+                for i, (lo, hi) in enumerate(shards)]
+        return [out for shard in self._get(refs) for out in shard]
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[dict]:
+        """``LLM.generate`` over the replicas: the same outputs, in prompt order (``use_tqdm`` is ignored)."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return self._run("generate", list(prompts), sampling_params)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False,
+             **kwargs) -> list[dict]:
+        """``LLM.chat`` over the replicas, conversations in order (``use_tqdm`` is ignored)."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        return self._run("chat", conversations, sampling_params, kwargs)
+
+    def close(self) -> None:
+        """Stop the replicas (and the Ray runtime this object started)."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _shutdown(replicas: list, owns_ray: bool) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        return
+    for r in replicas:
+        try:
+            ray.get(r.close.remote(), timeout=60)
+        except Exception:  # NOTE: a replica that died or hangs is killed below all the same
+            pass
+        ray.kill(r)
+    replicas.clear()
+    if owns_ray:
+        ray.shutdown()

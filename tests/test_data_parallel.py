@@ -1,0 +1,66 @@
+"""Data parallelism offline on a local Ray runtime (CPU): ``LLM(model, data_parallel_size=2)`` gives one engine's
+greedy outputs in prompt order, through ``generate`` and ``chat``; bad input is the replica's own ValueError;
+closing stops Ray and leaves no Ray processes."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine.data_parallel import shard_bounds
+
+DEMO = str(Path(__file__).resolve().parents[1] / "models" / "minivllm-demo-py")
+KW = dict(device="cpu", dtype="float32", max_model_len=256)
+PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:", "for i in range(", "# parse the header\n"]
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+def test_shard_bounds_are_contiguous_and_balanced():
+    assert shard_bounds(5, 2) == [(0, 3), (3, 5)]
+    assert shard_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    for n in range(12):
+        for k in range(1, 5):
+            b = shard_bounds(n, k)
+            assert b[0][0] == 0 and b[-1][1] == n and all(b[i][1] == b[i + 1][0] for i in range(k - 1))
+            sizes = [hi - lo for lo, hi in b]
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_data_parallel_size_is_validated_before_ray_starts():
+    with pytest.raises(ValueError, match="data_parallel_size"):
+        LLM(DEMO, data_parallel_size=0, **KW)
+
+
+def _ray_processes() -> int:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if "raylet" in line or "gcs_server" in line or line.startswith("ray::"))
+
+
+@pytest.mark.slow
+def test_two_replicas_give_one_engines_outputs_in_order():
+    pytest.importorskip("ray")
+    conversations = [[{"role": "user", "content": f"Write a function number {i}."}] for i in range(3)]
+    with LLM(DEMO, **KW) as one:
+        want = one.generate(PROMPTS, GREEDY, use_tqdm=False)
+        want_chat = one.chat(conversations, GREEDY, use_tqdm=False)
+    with LLM(DEMO, data_parallel_size=2, **KW) as llm:
+        assert type(llm).__name__ == "DataParallelLLM"
+        got = llm.generate(PROMPTS, GREEDY)
+        got_chat = llm.chat(conversations, GREEDY)
+        assert llm.generate(PROMPTS[0], GREEDY)[0]["token_ids"] == want[0]["token_ids"]  # one prompt: one replica
+        with pytest.raises(ValueError, match="max_model_len"):  # the replica's own error, not a Ray wrapper's
+            llm.generate(PROMPTS[:3] + [[5] * 300], GREEDY)
+        assert llm.generate(PROMPTS[1:3], GREEDY)[1]["token_ids"] == want[2]["token_ids"]  # still serving
+    for g, w in zip(got + got_chat, want + want_chat):
+        assert (g["token_ids"], g["text"], g["finish_reason"]) == (w["token_ids"], w["text"], w["finish_reason"])
+    assert _ray_processes() == 0  # Ray started here, and stopped by close()
+
+
+def test_one_engine_refuses_data_parallel_size():
+    from minivllm.engine.llm_engine import LLMEngine
+
+    with pytest.raises(ValueError, match="data_parallel_size"):
+        LLMEngine(DEMO, data_parallel_size=2, **KW)
