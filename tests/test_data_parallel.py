@@ -34,9 +34,17 @@ def test_data_parallel_size_is_validated_before_ray_starts():
         LLM(DEMO, data_parallel_size=0, **KW)
 
 
-def _ray_processes() -> int:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return sum(1 for line in out.splitlines() if "raylet" in line or "gcs_server" in line or line.startswith("ray::"))
+def _ray_processes(wait_s: float = 15.0) -> int:
+    """Ray's processes still running after up to ``wait_s`` seconds (they exit a moment after ``shutdown``)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        n = sum(1 for line in out.splitlines() if "raylet" in line or "gcs_server" in line or line.startswith("ray::"))
+        if n == 0 or time.monotonic() > deadline:
+            return n
+        time.sleep(0.5)
 
 
 @pytest.mark.slow
@@ -64,3 +72,28 @@ def test_one_engine_refuses_data_parallel_size():
 
     with pytest.raises(ValueError, match="data_parallel_size"):
         LLMEngine(DEMO, data_parallel_size=2, **KW)
+
+
+@pytest.mark.slow
+def test_ray_data_keeps_rows_and_order_and_gives_one_engines_outputs():
+    """``generate_dataset`` over a Ray Dataset with 2 replicas: every input column and the row order are kept,
+    and the added outputs are one engine's greedy outputs."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    from minivllm.engine.ray_data import generate_dataset
+
+    prompts = PROMPTS * 3  # 15 rows in 8 batches of 2 (the last one short)
+    with LLM(DEMO, **KW) as one:
+        want = one.generate(prompts, GREEDY, use_tqdm=False)
+    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        ds = ray.data.from_items([{"row": i, "prompt": p, "tag": f"t{i}"} for i, p in enumerate(prompts)])
+        rows = generate_dataset(ds, DEMO, GREEDY, data_parallel_size=2, batch_size=2, **KW).take_all()
+    finally:
+        ray.shutdown()
+    assert [r["row"] for r in rows] == list(range(len(prompts)))
+    assert [r["tag"] for r in rows] == [f"t{i}" for i in range(len(prompts))]
+    assert [list(r["generated_token_ids"]) for r in rows] == [w["token_ids"] for w in want]
+    assert [r["generated_text"] for r in rows] == [w["text"] for w in want]
+    assert {r["finish_reason"] for r in rows} == {"length"}
+    assert _ray_processes() == 0
