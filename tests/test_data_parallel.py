@@ -97,3 +97,30 @@ def test_ray_data_keeps_rows_and_order_and_gives_one_engines_outputs():
     assert [r["generated_text"] for r in rows] == [w["text"] for w in want]
     assert {r["finish_reason"] for r in rows} == {"length"}
     assert _ray_processes() == 0
+
+
+@pytest.mark.slow
+def test_a_killed_replica_is_retried_elsewhere_and_restarted():
+    """A replica killed in the middle of ``generate``: its prompts run again on the other replica (the outputs are
+    still one engine's), Ray restarts it, and the next ``generate`` uses both again. No hang."""
+    ray = pytest.importorskip("ray")
+    import threading
+    import time
+
+    long = SamplingParams(temperature=0, max_tokens=240, ignore_eos=True)
+    many = PROMPTS * 4
+    with LLM(DEMO, **KW) as one:
+        want = one.generate(many, long, use_tqdm=False)
+        want_short = one.generate(PROMPTS, GREEDY, use_tqdm=False)
+    with LLM(DEMO, data_parallel_size=2, **KW) as llm:
+        got = {}
+        worker = threading.Thread(target=lambda: got.update(out=llm.generate(many, long)))
+        worker.start()
+        time.sleep(2.0)  # both replicas are generating
+        assert worker.is_alive()
+        ray.kill(llm._replicas[0], no_restart=False)
+        worker.join(timeout=120)
+        assert not worker.is_alive() and [o["token_ids"] for o in got["out"]] == [w["token_ids"] for w in want]
+        assert ray.get(llm._replicas[0].ready.remote(), timeout=120) > 0  # restarted
+        assert [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY)] == [w["token_ids"] for w in want_short]
+    assert _ray_processes() == 0

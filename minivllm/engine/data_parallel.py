@@ -3,7 +3,8 @@
 Each replica is a whole ``LLM`` (its own scheduler, KV cache and, at ``tensor_parallel_size`` > 1, its own
 tensor-parallel workers) on ``tensor_parallel_size`` GPUs of its own; Ray places the actors and gives each its
 GPUs. ``generate`` and ``chat`` cut the prompts into N contiguous shards of near-equal size, run the shards at
-once, and return the outputs in prompt order. Ray is the cluster manager: with no Ray runtime in the process,
+once, and return the outputs in prompt order. A replica that dies is restarted by Ray, and its shard runs once
+more on another replica. Ray is the cluster manager: with no Ray runtime in the process,
 one is started here (a local one) and shut down by :meth:`DataParallelLLM.close`; with one (``ray.init``
 called before, e.g. to join a cluster), the replicas run on it and it is left running.
 """
@@ -55,6 +56,9 @@ def shard_bounds(n_items: int, n_shards: int) -> list[tuple[int, int]]:
     return bounds
 
 
+_MAX_RESTARTS = 3  # a replica that dies is restarted by Ray (its engine built again), this many times at most
+
+
 class DataParallelLLM:
     """``data_parallel_size`` replicas of ``LLM(model, **kwargs)`` behind one ``generate`` / ``chat``."""
 
@@ -77,7 +81,7 @@ class DataParallelLLM:
                              f"{gpus * data_parallel_size} GPUs; the Ray cluster has {available:g}")
         # NOTE: no CPU reservation: a replica's threads are the engine's own (cpu_threads), and a reserved CPU
         # per actor would leave replicas pending forever on a machine with fewer cores than replicas
-        actor = ray.remote(num_cpus=0, num_gpus=gpus)(_Replica)
+        actor = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=_MAX_RESTARTS)(_Replica)
         self._replicas.extend(actor.remote(model, kwargs) for _ in range(data_parallel_size))
         try:
             blocks = self._get([r.ready.remote() for r in self._replicas])
@@ -99,9 +103,21 @@ class DataParallelLLM:
         if len(params) != len(items):
             raise ValueError(f"got {len(params)} sampling params for {len(items)} prompts")
         shards = [(lo, hi) for lo, hi in shard_bounds(len(items), len(self._replicas)) if hi > lo]
-        refs = [getattr(self._replicas[i], method).remote(items[lo:hi], params[lo:hi], *extra)
-                for i, (lo, hi) in enumerate(shards)]
-        return [out for shard in self._get(refs) for out in shard]
+        call = lambda i, lo, hi: getattr(self._replicas[i], method).remote(items[lo:hi], params[lo:hi], *extra)
+        refs = [call(i, lo, hi) for i, (lo, hi) in enumerate(shards)]
+        outs = []
+        for i, ((lo, hi), ref) in enumerate(zip(shards, refs)):
+            try:
+                outs.extend(self._get(ref))
+            except _import_ray().exceptions.RayActorError:
+                # NOTE: the replica died (Ray restarts it): its shard runs once more on the next replica, since
+                # nothing of it was returned; a second death is an error
+                try:
+                    outs.extend(self._get(call((i + 1) % len(self._replicas), lo, hi)))
+                except _import_ray().exceptions.RayActorError as e:
+                    raise RuntimeError(f"prompts {lo}-{hi - 1}: their replica died, and so did the one that "
+                                       f"retried them") from e
+        return outs
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[dict]:
