@@ -1,6 +1,9 @@
 """The Triton GEMV against cuBLAS (``F.linear``) at the decode shapes of Qwen3-8B and -32B, bf16.
 
-    PYTHONPATH=. python benchmarks/bench_gemv.py [--rows 1 48] [--configs 32x256x4x4 8x256x6x2f ...]
+    PYTHONPATH=. python benchmarks/bench_gemv.py [--rows 1 48] [--configs 32x256x4x4 8x256x6x2f ...] [--fp8]
+
+``--fp8``: FP8 (e4m3) weights with one scale per output channel (the kernel scales its outputs), against
+cuBLAS on the bf16 weights they stand for.
 
 Each shape is timed as a CUDA graph of 20 calls cycling over enough weight copies (> 200 MB)
 that L2 cannot hold them; TB/s counts the weight bytes read. Configurations are
@@ -78,6 +81,7 @@ def main() -> None:
     ap.add_argument("--tps", type=int, nargs="+", default=[2, 1, 4])
     ap.add_argument("--cublaslt", action="store_true", help="also time torch's cuBLASLt backend")
     ap.add_argument("--all-out", default=None, help="also write every config's time per shape to this file")
+    ap.add_argument("--fp8", action="store_true", help="FP8 weights with per-channel scales")
     args = ap.parse_args()
     # None: the kernel's own choice for the shape and rows; "none" alone: cuBLAS only
     names = [] if args.configs == ["none"] else args.configs or [None]
@@ -96,6 +100,16 @@ def main() -> None:
             ref = F.linear(x.float(), ws[0].float())
             gb = n * k * 2 / 1e9
             t_cublas = time_in_graph(cycling(F.linear, x, ws))
+            f = gemv
+            if args.fp8:  # NOTE: the reference stays the bf16 weight: the error includes FP8's rounding
+                from minivllm.kernels.reference import quantize_weight_fp8_ref
+
+                q = [quantize_weight_fp8_ref(w, None) for w in ws]
+                del ws
+                ws, scales, gb = [w8 for w8, _ in q], {w8.data_ptr(): sc for w8, sc in q}, n * k / 1e9
+
+                def f(x, w, config=None, scales=scales):
+                    return gemv(x, w, None, w_scale=scales[w.data_ptr()], config=config)
             times, err = {}, 0.0
             if args.cublaslt:
                 torch.backends.cuda.preferred_blas_library("cublaslt")
@@ -106,9 +120,9 @@ def main() -> None:
                 if config and config[4] == "f" and m > 2:  # one row a program: re-reads the weight per row
                     continue
                 try:
-                    out = gemv(x, ws[0], config=config)
+                    out = f(x, ws[0], config=config)
                     err = max(err, (out.float() - ref).norm().item() / ref.norm().item())
-                    times[cfg or "default"] = time_in_graph(cycling(gemv, x, ws, config))
+                    times[cfg or "default"] = time_in_graph(cycling(f, x, ws, config))
                 except Exception as e:  # noqa: BLE001 - a config that does not fit (shared memory) is skipped
                     times[cfg or "default"] = float("nan")
                     print(f"  {cfg}: {type(e).__name__}: {str(e)[:80]}")

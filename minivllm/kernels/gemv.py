@@ -123,7 +123,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    bn, bk, stages, warps, variant = config or gemv_config(n, k, m)
+    bn, bk, stages, warps, variant = config or gemv_config(n, k, m, fp8=w.dtype == torch.float8_e4m3fn)
     if variant not in VARIANTS:
         raise ValueError(f"a GEMV config's variant is one of {VARIANTS}, got {variant!r}")
     bias_arg = bias if bias is not None else out

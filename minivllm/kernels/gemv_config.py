@@ -20,13 +20,17 @@ DTYPES = (torch.bfloat16, torch.float16)
 VARIANTS = ("", "f")  # MMA (tl.dot over a [BLOCK_M, BLOCK_N] tile); FMA (one row a program, no MMA)
 
 
-def gemv_config(n: int, k: int, m: int = 1) -> tuple[int, int, int, int, str]:
+def gemv_config(n: int, k: int, m: int = 1, fp8: bool = False) -> tuple[int, int, int, int, str]:
     """``(BLOCK_N, BLOCK_K, NUM_STAGES, num_warps, variant)`` for ``m`` rows and a ``[n, k]`` weight.
 
     One row: FMAs, no MMA, with enough programs to fill the GPU a few times over (8 columns each up to 4096
-    columns, 16 above): 1.1-1.4x cuBLAS and 3-16% under the MMA kernel. More rows: the MMA kernel, 128-wide
-    K tiles over 64 rows (4 stages of [128 + 32, 256] tiles would not fit in shared memory).
+    columns, 16 above): 1.1-1.4x cuBLAS and 3-16% under the MMA kernel. FP8 weights (``fp8``) at one row take
+    512-wide K tiles (the bytes of 256 bf16 values) except around 6,144 columns, the fastest of 11
+    configurations on Qwen3-8B's layers (``bench_gemv.py --fp8``). More rows: the MMA kernel, 128-wide K tiles
+    over 64 rows (4 stages of [128 + 32, 256] tiles would not fit in shared memory).
     """
+    if m == 1 and fp8:
+        return (8, 256, 6, 2, "f") if 4096 < n <= 8192 else (8, 512, 4, 2, "f")
     if m == 1:
         if n <= 4096:
             return 8, 256, 6, 2, "f"
