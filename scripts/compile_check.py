@@ -53,7 +53,7 @@ KERNELS = [
        {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16", "scale_ptr": "*fp32", "bias_ptr": "*bf16",
         "out_ptr": "*bf16", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32"},
        {"HAS_BIAS": True, "HAS_SCALE": fp8, "BLOCK_N": bn, "BLOCK_K": bk, "NUM_STAGES": st, "USE_PDL": True})
-      for bn, bk, st in ((8, 256, 6), (16, 256, 4), (16, 512, 3)) for fp8 in (False, True)],
+      for bn, bk, st in ((8, 256, 6), (16, 256, 4), (16, 512, 3), (8, 512, 4)) for fp8 in (False, True)],
     ("grammar bitmask on logits", grammar_mask._grammar_mask_kernel,
      {"logits_ptr": "*fp32", "stride_b": "i32", "rows_ptr": "*i64", "mask_ptr": "*i32", "stride_m": "i32", "V": "i32",
       "W": "i32"}, {"BLOCK_W": 64}),
