@@ -34,6 +34,14 @@ def test_data_parallel_size_is_validated_before_ray_starts():
         LLM(DEMO, data_parallel_size=0, **KW)
 
 
+@pytest.mark.parametrize("sizes", [dict(data_parallel_size=0), dict(tensor_parallel_size=0)])
+def test_generate_dataset_validates_sizes_first(sizes):
+    from minivllm.engine.ray_data import generate_dataset
+
+    with pytest.raises(ValueError, match="data_parallel_size and tensor_parallel_size must be >= 1"):
+        generate_dataset(None, DEMO, **sizes)
+
+
 def _ray_processes(wait_s: float = 15.0) -> int:
     """Ray's processes still running after up to ``wait_s`` seconds (they exit a moment after ``shutdown``)."""
     import time
@@ -59,6 +67,8 @@ def test_two_replicas_give_one_engines_outputs_in_order():
         got = llm.generate(PROMPTS, GREEDY)
         got_chat = llm.chat(conversations, GREEDY)
         assert llm.generate(PROMPTS[0], GREEDY)[0]["token_ids"] == want[0]["token_ids"]  # one prompt: one replica
+        with pytest.raises(ValueError, match="1 sampling params for 5 prompts"):
+            llm.generate(PROMPTS, [GREEDY])
         with pytest.raises(ValueError, match="max_model_len"):  # the replica's own error, not a Ray wrapper's
             llm.generate(PROMPTS[:3] + [[5] * 300], GREEDY)
         assert llm.generate(PROMPTS[1:3], GREEDY)[1]["token_ids"] == want[2]["token_ids"]  # still serving

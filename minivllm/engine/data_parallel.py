@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import weakref
 
+from minivllm.engine.generate import batch_of_conversations, batch_of_prompts
 from minivllm.sampling_params import SamplingParams
 
 
@@ -97,11 +98,7 @@ class DataParallelLLM:
         except ray.exceptions.RayTaskError as e:  # NOTE: the replica's own exception (a ValueError naming the field)
             raise e.as_instanceof_cause() from None
 
-    def _run(self, method: str, items: list, params, *extra) -> list[dict]:
-        if isinstance(params, SamplingParams) or params is None:
-            params = [params or SamplingParams()] * len(items)
-        if len(params) != len(items):
-            raise ValueError(f"got {len(params)} sampling params for {len(items)} prompts")
+    def _run(self, method: str, items: list, params: list[SamplingParams], *extra) -> list[dict]:
         shards = [(lo, hi) for lo, hi in shard_bounds(len(items), len(self._replicas)) if hi > lo]
         call = lambda i, lo, hi: getattr(self._replicas[i], method).remote(items[lo:hi], params[lo:hi], *extra)
         refs = [call(i, lo, hi) for i, (lo, hi) in enumerate(shards)]
@@ -122,16 +119,14 @@ class DataParallelLLM:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[dict]:
         """``LLM.generate`` over the replicas: the same outputs, in prompt order (``use_tqdm`` is ignored)."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        return self._run("generate", list(prompts), sampling_params)
+        return self._run("generate", *batch_of_prompts(prompts, sampling_params))
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False,
              **kwargs) -> list[dict]:
         """``LLM.chat`` over the replicas, conversations in order (``use_tqdm`` is ignored)."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        return self._run("chat", conversations, sampling_params, kwargs)
+        conversations = batch_of_conversations(messages)
+        return self._run("chat", *batch_of_prompts(conversations, sampling_params), kwargs)
 
     def close(self) -> None:
         """Stop the replicas (and the Ray runtime this object started)."""

@@ -14,15 +14,7 @@ class GenerateMixin:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[dict]:
         """Generate for a batch; returns ``[{"text", "token_ids", "finish_reason", ...}]`` in prompt order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
+        prompts, sampling_params = batch_of_prompts(prompts, sampling_params)
         encoded = [self._tokenize(p, sp) for p, sp in zip(prompts, sampling_params)]
         for (_, ids), sp in zip(encoded, sampling_params):
             self._validate(ids, sp)
@@ -66,12 +58,32 @@ class GenerateMixin:
             raise ValueError("chat needs a tokenizer, and this checkpoint has none")
         if not chat_template and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("chat_template is needed: this model's tokenizer has none")
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        conversations = batch_of_conversations(messages)
         prompts = [self.tokenizer.apply_chat_template(c, tokenize=False, **chat_template_args(
             add_generation_prompt, continue_final_message, chat_template, chat_template_kwargs,
             c[-1].get("role") if c else None)) for c in conversations]
         ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
+
+
+def batch_of_prompts(prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
+    """``generate``'s arguments as lists of equal length: one prompt (a string or token ids) or a list of them,
+    and one ``SamplingParams`` (None: the defaults) or one per prompt (ValueError if the counts differ)."""
+    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if sampling_params is None:
+        sampling_params = SamplingParams()
+    if isinstance(sampling_params, SamplingParams):
+        sampling_params = [sampling_params] * len(prompts)
+    if len(sampling_params) != len(prompts):
+        raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
+    return prompts, list(sampling_params)
+
+
+def batch_of_conversations(messages: list[dict] | list[list[dict]]) -> list[list[dict]]:
+    """``chat``'s ``messages``, one conversation or a list of them, as a list of conversations."""
+    return [messages] if messages and isinstance(messages[0], dict) else list(messages)
 
 
 class _ThroughputMeter:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.kernels.reference import paged_attention_ref, paged_decode_torch, store_kvcache_ref
+from minivllm.kernels.reference import fp8_max, paged_attention_ref, paged_decode_torch, store_kvcache_ref
 from minivllm.layers.attention_metadata import AttentionMetadata
 
 
@@ -35,7 +35,7 @@ class Attention(nn.Module):
 
     def kv_scales(self) -> tuple[float, float]:
         """(k_scale, v_scale) as the cache is read and written: (1.0, 1.0) unless the cache is FP8."""
-        if self.k_cache.dtype in (torch.float8_e4m3fn,):
+        if fp8_max(self.k_cache.dtype):
             return self.k_scale, self.v_scale
         return 1.0, 1.0
 

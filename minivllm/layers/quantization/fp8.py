@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from minivllm.config.quantization import Fp8Config
-from minivllm.kernels.reference import fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref
+from minivllm.kernels.reference import FP8_E4M3_MAX, fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref
 
 
 class Fp8LinearMethod:
@@ -89,7 +89,7 @@ class Fp8LinearMethod:
             # largest, so that every rank stores what TP=1 stores
             amax = w.abs().amax(1, keepdim=True).float()  # [N, 1]
             layer.tp_group.all_reduce(amax, "max")
-            w8, scale = quantize_fp8_ref(w, scale=(amax / 448.0).clamp(min=1e-12))
+            w8, scale = quantize_fp8_ref(w, scale=(amax / FP8_E4M3_MAX).clamp(min=1e-12))
             scale = scale[:, 0]
         else:
             w8, scale = quantize_weight_fp8_ref(w, self.config.weight_block)
@@ -122,7 +122,7 @@ class Fp8LinearMethod:
             return None
         amax = x2.abs().amax(-1, keepdim=True).float()  # [M, 1]
         layer.tp_group.all_reduce(amax, "max")
-        return (amax / 448.0).clamp(min=1e-12)
+        return (amax / FP8_E4M3_MAX).clamp(min=1e-12)
 
     def apply(self, layer: nn.Module, x: torch.Tensor | Fp8Activation, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W^T + bias`` with the layer's FP8 weight; ``x`` may come quantized (:meth:`input_quant`).
