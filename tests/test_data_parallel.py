@@ -4,13 +4,13 @@ closing stops Ray and leaves no Ray processes."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.data_parallel import shard_bounds
+from tests.ray_utils import ray_processes
 
 DEMO = str(Path(__file__).resolve().parents[1] / "models" / "minivllm-demo-py")
 KW = dict(device="cpu", dtype="float32", max_model_len=256)
@@ -42,19 +42,6 @@ def test_generate_dataset_validates_sizes_first(sizes):
         generate_dataset(None, DEMO, **sizes)
 
 
-def _ray_processes(wait_s: float = 15.0) -> int:
-    """Ray's processes still running after up to ``wait_s`` seconds (they exit a moment after ``shutdown``)."""
-    import time
-
-    deadline = time.monotonic() + wait_s
-    while True:
-        out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-        n = sum(1 for line in out.splitlines() if "raylet" in line or "gcs_server" in line or line.startswith("ray::"))
-        if n == 0 or time.monotonic() > deadline:
-            return n
-        time.sleep(0.5)
-
-
 @pytest.mark.slow
 def test_two_replicas_give_one_engines_outputs_in_order():
     pytest.importorskip("ray")
@@ -74,7 +61,7 @@ def test_two_replicas_give_one_engines_outputs_in_order():
         assert llm.generate(PROMPTS[1:3], GREEDY)[1]["token_ids"] == want[2]["token_ids"]  # still serving
     for g, w in zip(got + got_chat, want + want_chat):
         assert (g["token_ids"], g["text"], g["finish_reason"]) == (w["token_ids"], w["text"], w["finish_reason"])
-    assert _ray_processes() == 0  # Ray started here, and stopped by close()
+    assert ray_processes() == 0  # Ray started here, and stopped by close()
 
 
 def test_one_engine_refuses_data_parallel_size():
@@ -106,7 +93,7 @@ def test_ray_data_keeps_rows_and_order_and_gives_one_engines_outputs():
     assert [list(r["generated_token_ids"]) for r in rows] == [w["token_ids"] for w in want]
     assert [r["generated_text"] for r in rows] == [w["text"] for w in want]
     assert {r["finish_reason"] for r in rows} == {"length"}
-    assert _ray_processes() == 0
+    assert ray_processes() == 0
 
 
 @pytest.mark.slow
@@ -133,4 +120,4 @@ def test_a_killed_replica_is_retried_elsewhere_and_restarted():
         assert not worker.is_alive() and [o["token_ids"] for o in got["out"]] == [w["token_ids"] for w in want]
         assert ray.get(llm._replicas[0].ready.remote(), timeout=120) > 0  # restarted
         assert [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY)] == [w["token_ids"] for w in want_short]
-    assert _ray_processes() == 0
+    assert ray_processes() == 0

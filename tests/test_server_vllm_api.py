@@ -236,6 +236,9 @@ def test_metrics_under_vllms_names_move(server):
     assert set(VLLM_METRICS) <= set(families)
     for name in VLLM_METRICS:
         assert all(s.labels.get("model_name") == NAME for s in families[name].samples), name
+    # the KV cache's settings for routers that score prefix hits themselves (llm-d's endpoint picker)
+    (info,) = families["vllm:cache_config_info"].samples
+    assert info.value == 1 and info.labels["block_size"] == "16" and int(info.labels["num_gpu_blocks"]) > 0
     post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 5, "ignore_eos": True})
     server.wait_idle()
     _, after = scrape()

@@ -76,11 +76,15 @@ class StructuredOutputsConfig:
 @dataclass
 class ParallelConfig:
     """Tensor parallelism: one process per GPU, NCCL between them (gloo on the CPU). Data parallelism: engine
-    replicas as Ray actors, each with its own ``tensor_parallel_size`` GPUs (``LLM`` only; ``minivllm[ray]``)."""
+    replicas on Ray, each with ``gpus_per_replica`` GPUs (``minivllm[ray]``): Ray actors for ``LLM``, a Ray Serve
+    deployment for ``minivllm serve``."""
 
     tensor_parallel_size: int = arg(1, "GPUs to shard the model over")
-    data_parallel_size: int = arg(1, "engine replicas run through Ray, prompts split among them (LLM only; "
-                                     "needs the ray extra)")
+    data_parallel_size: int = arg(1, "engine replicas run through Ray: LLM splits its prompts among them, serve "
+                                     "routes each request to one (needs the ray extra)")
+    gpus_per_replica: float | None = arg(None, "GPUs Ray gives each replica (default: tensor_parallel_size); a "
+                                               "fraction below 1 lets replicas share a GPU, each then needs its "
+                                               "share of gpu_memory_utilization")
     disable_custom_all_reduce: bool = arg(False, "sum every tensor-parallel activation with NCCL instead of "
                                                  "the one-shot all-reduce kernel over CUDA IPC buffers")
 
@@ -88,6 +92,15 @@ class ParallelConfig:
         check_types(self)
         at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
         at_least("data_parallel_size", self.data_parallel_size, 1)
+        g = self.gpus_per_replica
+        if g is not None and not (0 < g <= 1 if self.tensor_parallel_size == 1 else g == self.tensor_parallel_size):
+            raise ValueError(f"gpus_per_replica must be in (0, 1] at tensor_parallel_size 1, else equal to "
+                             f"tensor_parallel_size ({self.tensor_parallel_size}); got {g}")
+
+    @property
+    def replica_gpus(self) -> float:
+        """GPUs one data-parallel replica asks Ray for (on a GPU device)."""
+        return self.gpus_per_replica if self.gpus_per_replica is not None else self.tensor_parallel_size
 
 
 @dataclass

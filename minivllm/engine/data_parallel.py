@@ -1,7 +1,7 @@
 """Data parallelism offline: ``LLM(model, data_parallel_size=N)`` runs N engine replicas as Ray actors.
 
 Each replica is a whole ``LLM`` (its own scheduler, KV cache and, at ``tensor_parallel_size`` > 1, its own
-tensor-parallel workers) on ``tensor_parallel_size`` GPUs of its own; Ray places the actors and gives each its
+tensor-parallel workers) on ``gpus_per_replica`` GPUs (default ``tensor_parallel_size``; a fraction shares one); Ray places the actors and gives each its
 GPUs. ``generate`` and ``chat`` cut the prompts into N contiguous shards of near-equal size, run the shards at
 once, and return the outputs in prompt order. A replica that dies is restarted by Ray, and its shard runs once
 more on another replica. Ray is the cluster manager: with no Ray runtime in the process,
@@ -72,14 +72,14 @@ class DataParallelLLM:
         if self._owns_ray:
             ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
         self.data_parallel_size = data_parallel_size
-        gpus = config.parallel_config.tensor_parallel_size if config.device_config.device != "cpu" else 0
+        gpus = config.parallel_config.replica_gpus if config.device_config.device != "cpu" else 0
         self._replicas = []
         self._finalizer = weakref.finalize(self, _shutdown, self._replicas, self._owns_ray)
         available = ray.cluster_resources().get("GPU", 0)
         if gpus and available < gpus * data_parallel_size:  # NOTE: Ray would wait for them forever
             self.close()
-            raise ValueError(f"data_parallel_size {data_parallel_size} x tensor_parallel_size {gpus} needs "
-                             f"{gpus * data_parallel_size} GPUs; the Ray cluster has {available:g}")
+            raise ValueError(f"data_parallel_size {data_parallel_size} x {gpus:g} GPUs a replica needs "
+                             f"{gpus * data_parallel_size:g} GPUs; the Ray cluster has {available:g}")
         # NOTE: no CPU reservation: a replica's threads are the engine's own (cpu_threads), and a reserved CPU
         # per actor would leave replicas pending forever on a machine with fewer cores than replicas
         actor = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=_MAX_RESTARTS)(_Replica)

@@ -29,7 +29,7 @@ class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
         self.config = config = Config.create(model, **kwargs)
         if config.parallel_config.data_parallel_size > 1:
             raise ValueError("data_parallel_size > 1: one engine is one replica; LLM(model, data_parallel_size=N) "
-                             "runs N of them on Ray (the server does not run replicas yet)")
+                             "and `minivllm serve --data-parallel-size N` run N of them on Ray")
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
         from minivllm.worker.executor import create_executor
 

@@ -33,7 +33,10 @@ def _serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from minivllm.entrypoints.openai.api_server import run_server
 
-    return run_server(args)
+    try:
+        return run_server(args)
+    except ValueError as exc:  # a bad flag: the message names it
+        sys.exit(f"minivllm: {exc}")
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -63,6 +63,9 @@ def profiling_forward(runner) -> None:
         torch.cuda.empty_cache()
 
 
+_FREE_HEADROOM = 512 << 20  # bytes left free after the cache: CUDA graphs, NCCL and cuBLAS workspaces come later
+
+
 def profile_num_blocks(runner) -> int:
     """Blocks that fit in free memory: GPU after a profiling forward at the largest batch, CPU from a budget."""
     cc, max_num_seqs = runner.config.cache_config, runner.config.scheduler_config.max_num_seqs
@@ -79,9 +82,10 @@ def profile_num_blocks(runner) -> int:
     free, total = torch.cuda.mem_get_info(runner.device)
     stats = torch.cuda.memory_stats(runner.device)
     peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
-    used_by_others = total - free - torch.cuda.memory_reserved(runner.device)
-    available = total * cc.gpu_memory_utilization - used_by_others - peak - (
-        torch.cuda.memory_reserved(runner.device) - current)
+    # NOTE: gpu_memory_utilization is this engine's share of the GPU (vLLM's meaning), so replicas can share one
+    # GPU at 0.45 each; the cache must also fit in what is free now, whoever else holds the rest
+    budget = total * cc.gpu_memory_utilization - peak - (torch.cuda.memory_reserved(runner.device) - current)
+    available = min(budget, free - _FREE_HEADROOM)
     # NOTE: capped at four times what max_num_seqs full-length sequences can hold (the rest could
     # only keep prefix cache): a tiny model on a large GPU would otherwise get millions of blocks
     return min(int(available // block_bytes(runner)), 4 * max_num_seqs * blocks_per_seq + 1)

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -52,9 +53,10 @@ def _validation_error(exc: RequestValidationError):
     return error_json(APIError(400, msg or "invalid request", param=(where(errors[0]) or None) if errors else None))
 
 
-def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig | None = None) -> FastAPI:
+def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig | None = None,
+              metrics: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:
     """The FastAPI app (``RequestGuard`` in front of its routes); its lifespan starts the engine loop and shuts
-    it down."""
+    it down. ``metrics`` renders ``/metrics`` (default: this engine's)."""
     config = config or ServerConfig()
     stats = PrometheusStatLogger(served_model_name)
     async_llm.stat_loggers.append(stats)
@@ -115,8 +117,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
                           or _not_ready(async_llm))
 
     @app.get("/metrics")
-    async def metrics():
-        return Response(stats.render(), media_type=stats.content_type)
+    async def metrics_route():
+        return Response(await metrics() if metrics is not None else stats.render(), media_type=stats.content_type)
 
     @app.post("/tokenize", openapi_extra=body_schema(P.TokenizeRequest))
     async def tokenize(raw: Request):
@@ -191,6 +193,9 @@ async def _watch_engine(app: FastAPI, async_llm: AsyncLLM) -> None:
     """Log when the engine is ready; when building or running it fails, ask the server to exit."""
     try:
         await async_llm.wait_ready()
+        engine = async_llm.engine
+        if hasattr(engine, "num_kvcache_blocks"):  # NOTE: an engine of its own (the Ray front's replicas post theirs)
+            app.state.stats.set_cache_config(engine.config.cache_config.kvcache_block_size, engine.num_kvcache_blocks)
         logger.info("engine ready: serving %s", app.state.served_model_name)
         error = await async_llm.wait_dead()
         logger.error("the engine failed: %r; the server exits", error)
@@ -200,14 +205,23 @@ async def _watch_engine(app: FastAPI, async_llm: AsyncLLM) -> None:
         app.state.on_engine_failure()
 
 
+def server_config(args) -> ServerConfig:
+    """The ServerConfig of parsed ``minivllm serve`` flags (the ones given; defaults for the rest)."""
+    return ServerConfig(**{k: v for k, v in vars(args).items() if k in ServerConfig.__dataclass_fields__
+                           and v is not None})
+
+
 def run_server(args) -> int:
     """Serve until SIGINT/SIGTERM; returns the exit code (0 after a graceful shutdown, 1 if the engine failed)."""
     import uvicorn
 
     from minivllm.entrypoints.args import engine_kwargs
 
-    config = ServerConfig(**{k: v for k, v in vars(args).items() if k in ServerConfig.__dataclass_fields__
-                             and v is not None})
+    config = server_config(args)
+    if (args.data_parallel_size or 1) > 1 or config.autoscale_max_replicas is not None:
+        from minivllm.entrypoints.ray_serve.app import run_ray_server
+
+        return run_ray_server(args.model, engine_kwargs(args), config)
     name = config.served_model_name or args.model
     async_llm = AsyncLLM.from_model(args.model, max_num_waiting=config.max_num_waiting, **engine_kwargs(args))
     app = build_app(async_llm, name, config)

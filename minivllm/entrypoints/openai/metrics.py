@@ -73,6 +73,12 @@ class PrometheusStatLogger:
         self._started: set[str] = set()
         self._last_token: dict[tuple[str, int], float] = {}
 
+    def set_cache_config(self, block_size: int, num_gpu_blocks: int) -> None:
+        """vLLM's ``vllm:cache_config_info`` (value 1, the settings as labels): routers that score prefix-cache
+        hits themselves, such as llm-d's endpoint picker, read the block size and count from it."""
+        Gauge("vllm:cache_config_info", "The KV cache's settings (as labels).", ["model_name", "block_size",
+              "num_gpu_blocks"], registry=self.registry).labels(self._model, str(block_size), str(num_gpu_blocks)).set(1)
+
     def on_step(self, outputs: list[RequestOutput], stats: StepStats, now: float) -> None:
         """Record one engine step: gauges from ``stats``, counters and latencies from ``outputs``."""
         self.num_running.set(stats.num_running)

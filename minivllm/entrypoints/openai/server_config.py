@@ -43,6 +43,11 @@ class ServerConfig:
                                        choices=("hermes", "llama3_json"))
     reasoning_parser: str | None = arg(None, "move the model's <think>...</think> into reasoning_content: qwen3",
                                        choices=("qwen3",))
+    autoscale_max_replicas: int | None = arg(None, "with --data-parallel-size N: let Ray Serve add engine replicas, "
+                                                   "up to this many, while their queues are long (and remove them "
+                                                   "down to N when idle)")
+    autoscale_target_ongoing_requests: int = arg(32, "requests in flight per replica that autoscaling aims at "
+                                                     "(running and waiting)")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -60,5 +65,8 @@ class ServerConfig:
                              f"of n sequences must be able to wait")
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("enable_auto_tool_choice needs tool_call_parser (hermes or llama3_json)")
+        at_least("autoscale_target_ongoing_requests", self.autoscale_target_ongoing_requests, 1)
+        if self.autoscale_max_replicas is not None:
+            at_least("autoscale_max_replicas", self.autoscale_max_replicas, 1)
         if any(not isinstance(k, str) or not k for k in self.api_key):
             raise ValueError("api_key must be non-empty strings")

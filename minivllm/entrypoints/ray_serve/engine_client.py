@@ -1,0 +1,181 @@
+"""The OpenAI front's engine: ``AsyncLLM``'s interface over the engine replicas' deployment handle.
+
+The server's handlers (``entrypoints/openai``) run unchanged on it: they tokenize with the front's own tokenizer,
+compile grammars with its own manager (to answer an invalid schema with a 400 before any replica sees it), and
+``add_request`` makes a ``generate`` call that Serve's router sends to one replica. The request's outputs come
+back on this front's channel to that replica (one streaming ``outputs`` call per replica, batched per step), and
+are handed to the request's stream here.
+
+When a replica dies under a request (vLLM's behaviour for a lost engine, per request): if nothing of the request
+reached the handler yet, it is sent once more, to another replica; otherwise the stream ends with
+:class:`ReplicaDiedError` (a 503, or an SSE error event once streaming began). Serve starts a new replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from minivllm.engine.async_engine import EngineDeadError, EngineNotReadyError
+from minivllm.entrypoints.ray_serve.outbox import RequestFailed
+from minivllm.entrypoints.ray_serve.replica import Channel, ModelInfo, ReplicaRequest
+from minivllm.entrypoints.ray_serve.replica_stream import ReplicaDiedError, ReplicaStream, unwrap
+from minivllm.sampling_params import SamplingParams
+
+_CHANNEL_OPEN_S = 60.0  # a channel that does not open by then: its replica is gone
+
+
+class _Grammars:
+    """``engine.structured`` for the handlers: the front's grammar compiler (``prepare`` only)."""
+
+    def __init__(self, structured):
+        self.structured = structured
+
+
+class ReplicaEngineClient:
+    """``AsyncLLM``'s serving interface over a handle to the ``EngineReplica`` deployment."""
+
+    def __init__(self, engines, model: str, structured_outputs_config=None, on_retry=lambda: None):
+        self.engines, self.model = engines, model
+        self.front_id = uuid.uuid4().hex
+        self.stat_loggers: list = []  # NOTE: the replicas keep the engine metrics; the front merges them
+        self._streams: dict[str, ReplicaStream] = {}
+        self._channels: dict[str, asyncio.Task] = {}
+        self._so_config, self.on_retry = structured_outputs_config, on_retry
+        self._init: asyncio.Task | None = None
+        self._stopping = False
+        self._tokenizer, self._info, self._engine = None, None, None
+        self._dead = asyncio.Event()
+
+    def start(self) -> None:
+        """Load the tokenizer and ask a replica for the model's lengths (in the background; see :meth:`load`)."""
+        if self._init is None:
+            self._init = asyncio.get_running_loop().create_task(self._load())
+
+    async def load(self) -> None:
+        """Load now (the front does, so that Serve reports it running only once it can serve)."""
+        self.start()
+        await self.wait_ready()
+
+    async def _load(self) -> None:
+        from minivllm.engine.structured_output import StructuredOutputManager
+        from minivllm.engine.tokenizer import load_tokenizer
+
+        info: ModelInfo = await self.engines.model_info.remote()
+        tokenizer = await asyncio.to_thread(load_tokenizer, self.model)
+        structured = None if tokenizer is None else StructuredOutputManager(
+            tokenizer, info.vocab_size, list(info.eos_token_ids), self._so_config)
+        self._tokenizer, self._info, self._engine = tokenizer, info, _Grammars(structured)
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why loading failed, if it did."""
+        if self._init is None or not self._init.done() or self._init.cancelled():
+            return None
+        return self._init.exception()
+
+    @property
+    def engine(self):
+        return self._engine
+
+    @property
+    def is_ready(self) -> bool:
+        return self._info is not None and not self._stopping
+
+    async def wait_ready(self) -> None:
+        """Wait until the front can serve; EngineDeadError if loading failed."""
+        try:
+            await asyncio.shield(self._init)
+        except Exception as exc:
+            raise EngineDeadError(f"the front could not load the model's tokenizer or info: {exc!r}") from exc
+
+    async def wait_dead(self) -> BaseException:
+        """Replicas are replaced by Serve, so the front never dies: this waits until shutdown."""
+        await self._dead.wait()
+        return self.error
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self._info.max_model_len
+
+    def check_usable(self) -> None:
+        """EngineNotReadyError / EngineDeadError unless requests can be sent now."""
+        if self.error is not None:
+            raise EngineDeadError(f"the front failed to start: {self.error!r}")
+        if self._stopping:
+            raise EngineNotReadyError("the server is shutting down")
+        if self._info is None:
+            raise EngineNotReadyError("the engine replicas are still loading")
+
+    async def add_request(self, prompt: str | list[int], params: SamplingParams,
+                          request_id: str | None = None) -> ReplicaStream:
+        """Send a request to a replica; returns its stream once the replica accepted it."""
+        self.check_usable()
+        if isinstance(prompt, str) and self._tokenizer is not None:  # NOTE: token ids, for prefix affinity
+            prompt = await asyncio.to_thread(self._tokenizer.encode, prompt)
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stream = self._streams[request_id] = ReplicaStream(self, ReplicaRequest(request_id, prompt, params))
+        try:  # NOTE: registered first: its first outputs may come on the channel before the call returns
+            await stream.open()
+        except BaseException:
+            self.forget(request_id)
+            raise
+        return stream
+
+    def forget(self, request_id: str) -> None:
+        """Stop delivering a request's outputs (it finished, failed or was aborted)."""
+        self._streams.pop(request_id, None)
+
+    def ensure_channel(self, replica: str) -> None:
+        """Open this front's output channel to ``replica`` unless it is open."""
+        if replica not in self._channels:
+            self._channels[replica] = asyncio.create_task(self._channel(replica))
+
+    async def _channel(self, replica: str) -> None:
+        call = self.engines.options(stream=True).outputs.remote(Channel(replica, self.front_id))
+        error: BaseException = ReplicaDiedError(f"the output channel of replica {replica} closed")
+        try:
+            await asyncio.wait_for(call.__anext__(), _CHANNEL_OPEN_S)
+            while True:
+                for item in await call.__anext__():
+                    self._deliver(item)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        except BaseException as exc:  # NOTE: the replica died: its requests' own calls say so too
+            error = unwrap(exc)
+            call.cancel()
+        finally:
+            self._channels.pop(replica, None)
+        for stream in [s for s in self._streams.values() if s.replica == replica and not s.finished]:
+            stream.on_lost(error, replica)
+
+    def _deliver(self, item) -> None:
+        stream = self._streams.get(item.request_id)
+        if stream is None:  # aborted here already
+            return
+        if isinstance(item, RequestFailed):
+            self.forget(item.request_id)
+            stream.deliver(ReplicaDiedError(f"request {item.request_id}: {item.message}"))
+            return
+        if item.finished:
+            self.forget(item.request_id)
+        stream.deliver(item)
+
+    def begin_shutdown(self) -> None:
+        self._stopping = True
+
+    async def shutdown(self, timeout: float = 30.0) -> None:
+        """Refuse new requests; stop the grammar compiler."""
+        self.begin_shutdown()
+        self._dead.set()
+        for task in list(self._channels.values()):
+            task.cancel()
+        if self._engine is not None and self._engine.structured is not None:
+            self._engine.structured.close()
