@@ -148,8 +148,9 @@ class ReplicaEngineClient:
         except asyncio.CancelledError:
             call.cancel()
             raise
-        except BaseException as exc:  # NOTE: the replica died: its requests' own calls say so too
-            error = unwrap(exc)
+        except BaseException as exc:  # NOTE: the replica died or shut down: its requests' own calls say so too
+            if not isinstance(exc, StopAsyncIteration):
+                error = unwrap(exc)
             call.cancel()
         finally:
             self._channels.pop(replica, None)
