@@ -102,7 +102,7 @@ def main() -> None:
             t_cublas = time_in_graph(cycling(F.linear, x, ws))
             f = gemv
             if args.fp8:  # NOTE: the reference stays the bf16 weight: the error includes FP8's rounding
-                from minivllm.kernels.reference import quantize_weight_fp8_ref
+                from minivllm.kernels.torch_backend import quantize_weight_fp8_ref
 
                 q = [quantize_weight_fp8_ref(w, None) for w in ws]
                 del ws

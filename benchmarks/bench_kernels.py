@@ -67,7 +67,7 @@ def main() -> int:
 
     from minivllm.kernels.paged_attention import paged_attention
     from minivllm.kernels.paged_decode import choose_num_splits, num_sms, paged_decode_split_kv
-    from minivllm.kernels.reference import paged_attention_ref
+    from minivllm.kernels.torch_backend import paged_attention_ref
 
     num_heads, num_kv_heads, head_dim = args.heads
     dtype = torch.bfloat16

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from minivllm.layers.sampler import Sampler
-from minivllm.layers.sampling_metadata import build_sampling_metadata
+from minivllm.sample.metadata import build_sampling_metadata
+from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 
 

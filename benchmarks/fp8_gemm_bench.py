@@ -65,7 +65,7 @@ def linears(x, w16, w8c, wsc, w8b, wsb) -> dict:
     """The four ways to compute ``x @ w^T`` (bf16 out), each a callable."""
     from minivllm.kernels.fp8_block_gemm import fp8_block_gemm, quantize_fp8_per_group
     from minivllm.kernels.fp8_quant import quantize_fp8_per_token
-    from minivllm.kernels.reference import dequantize_weight_fp8_ref
+    from minivllm.kernels.torch_backend import dequantize_weight_fp8_ref
 
     def channel():
         q, s = quantize_fp8_per_token(x)  # [m, k] fp8, [m, 1]
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print("fp8_gemm_bench.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
     from minivllm.kernels.fp8_block_gemm import fp8_gemm_config, quantize_fp8_per_group
-    from minivllm.kernels.reference import quantize_weight_fp8_ref
+    from minivllm.kernels.torch_backend import quantize_weight_fp8_ref
 
     flush = None if args.no_flush else torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     bench = lambda fn: time_us(fn, args.iters, args.warmup, flush)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from minivllm.kernels.reference import quantize_weight_fp8_ref
+from minivllm.kernels.torch_backend import quantize_weight_fp8_ref
 
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -1,6 +1,6 @@
 """The statistical tests' reference: the exact distribution the sampler draws one row from.
 
-Written independently of ``minivllm.layers.sampler`` (sorted Python lists, float64) from that module's
+Written independently of ``minivllm.sample.sampler`` (sorted Python lists, float64) from that module's
 docstring, so a bug in the batched implementation does not show up here too. Not for the hot path.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from minivllm.layers.sampling_metadata import SAMPLING_EPS
+from minivllm.sample.metadata import SAMPLING_EPS
 from minivllm.sampling_params import SamplingParams
 
 

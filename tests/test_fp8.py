@@ -12,7 +12,7 @@ import torch
 
 from fp8_checkpoints import write_fp8_checkpoint
 from minivllm import LLM, SamplingParams
-from minivllm.kernels.reference import (
+from minivllm.kernels.torch_backend import (
     dequantize_weight_fp8_ref,
     fp8_linear_ref,
     quantize_fp8_ref,

@@ -17,7 +17,12 @@ pytest.importorskip("triton")
 
 from kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 from minivllm.kernels.fp8_block_gemm import fp8_block_gemm, fp8_gemm_config, quantize_fp8_per_group  # noqa: E402
-from minivllm.kernels.reference import fp8_gemm_ref, fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref  # noqa: E402
+from minivllm.kernels.torch_backend import (  # noqa: E402
+    fp8_gemm_ref,
+    fp8_linear_ref,
+    quantize_fp8_ref,
+    quantize_weight_fp8_ref,
+)
 
 pytestmark = pytest.mark.triton
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -125,7 +125,7 @@ def test_default_configs_by_rows_and_width():
 @pytest.mark.parametrize("m, n, k", [(1, 100, 300), (3, 64, 256), (16, 40, 96)])
 def test_gemv_with_fp8_weights_matches_the_dequantized_reference(variant, m, n, k):
     """FP8 weights widened in registers, each output column scaled by its row's scale; activations unquantized."""
-    from minivllm.kernels.reference import dequantize_weight_fp8_ref, quantize_weight_fp8_ref
+    from minivllm.kernels.torch_backend import dequantize_weight_fp8_ref, quantize_weight_fp8_ref
 
     g = torch.Generator().manual_seed(m + n + k)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEVICE)

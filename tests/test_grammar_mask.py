@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from minivllm.kernels.reference import apply_grammar_bitmask_ref
-from minivllm.layers.sampler import Sampler
-from minivllm.layers.sampling_metadata import build_sampling_metadata
+from minivllm.kernels.torch_backend import apply_grammar_bitmask_ref
+from minivllm.sample.metadata import build_sampling_metadata
+from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 
 interpret = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from minivllm.kernels.gumbel_sample import gumbel_sample
-from minivllm.layers.sampler import Sampler
-from minivllm.layers.sampling_metadata import build_sampling_metadata
+from minivllm.sample.metadata import build_sampling_metadata
+from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivllm.layers.logits_processors import apply_penalties
-from minivllm.layers.sampler import Sampler
-from minivllm.layers.sampling_metadata import build_sampling_metadata
+from minivllm.sample.logits_processors import apply_penalties
+from minivllm.sample.metadata import build_sampling_metadata
+from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 from sampler_reference import filtered_probs
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.layers.sampler import Sampler
-from minivllm.layers.sampling_metadata import build_sampling_metadata
+from minivllm.sample.metadata import build_sampling_metadata
+from minivllm.sample.sampler import Sampler
 from sampler_reference import filtered_probs
 
 V = 50

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from minivllm.kernels.reference import paged_attention_ref, paged_decode_torch
+from minivllm.kernels.torch_backend import paged_attention_ref, paged_decode_torch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

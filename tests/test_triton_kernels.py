@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 from minivllm.kernels.paged_attention import paged_attention  # noqa: E402
 from minivllm.kernels.paged_decode import choose_num_splits, paged_decode, paged_decode_split_kv  # noqa: E402
-from minivllm.kernels.reference import paged_attention_ref  # noqa: E402
+from minivllm.kernels.torch_backend import paged_attention_ref  # noqa: E402
 
 pytestmark = pytest.mark.triton
 

@@ -54,8 +54,8 @@ def bench_mask(tokenizer_dir: str, rows: int, steps: int, device: str, threads: 
 
     from minivllm.core.scheduler_output import ScheduledSeq, SchedulerOutput
     from minivllm.engine.structured_output import StructuredOutputManager
-    from minivllm.layers.sampler import Sampler
-    from minivllm.layers.sampling_metadata import build_sampling_metadata
+    from minivllm.sample.metadata import build_sampling_metadata
+    from minivllm.sample.sampler import Sampler
     from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
 
     V = 151_936

@@ -7,7 +7,7 @@ group. ``quantize_fp8_per_group`` makes ``x8 [M, K]`` and ``x_scale [M, ceil(K /
 tile at a time, and adds each tile's partial product times ``x_scale[m, g] * w_scale[n // 128, g]`` (``g``
 the tile's group) to a float32 accumulator: no dequantized weight is ever materialized. With per-channel
 weights (``block=None``: ``w_scale [N]``, ``x_scale [M, 1]``) both scales are applied once, in the epilogue.
-References: ``quantize_fp8_ref`` and ``fp8_linear_ref`` in ``minivllm.kernels.reference``.
+References: ``quantize_fp8_ref`` and ``fp8_linear_ref`` in ``minivllm.kernels.torch_backend``.
 
 Tile configurations are an explicit table keyed on M (host ints only: no ``.item()``, no autotuning, so a
 call is CUDA-graph safe).

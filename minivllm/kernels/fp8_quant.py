@@ -4,7 +4,7 @@ Program ``m`` reads row ``m`` of ``x`` once to find its largest magnitude, then 
 ``x8 = x / scale`` saturated at +-448, with ``scale = amax / 448`` (the row stays in L2 between the passes).
 The FP8 GEMM then multiplies ``x8 @ w8^T`` and scales row ``m`` by ``scale[m]`` and column ``n`` by the
 weight's scale. With ``scale`` given (a tensor-parallel row-parallel layer's input, its amax all-reduced over
-the ranks) the first pass is skipped. Reference: ``quantize_fp8_ref`` in ``minivllm.kernels.reference``.
+the ranks) the first pass is skipped. Reference: ``quantize_fp8_ref`` in ``minivllm.kernels.torch_backend``.
 """
 
 from __future__ import annotations

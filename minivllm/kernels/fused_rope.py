@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.pdl import pdl_options, pdl_wait
-from minivllm.kernels.reference import fp8_max
+from minivllm.kernels.torch_backend import fp8_max
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 The bitmask is the grammar engine's: int32 words, token ``t`` allowed iff bit ``t % 32`` of word ``t // 32``
 is set. Program ``(j, c)`` reads ``BLOCK_W`` words of constrained row ``j`` and writes the ``32 * BLOCK_W``
 logits they cover in row ``rows[j]`` of the batch, so only the constrained rows are touched and the mask is
-never unpacked into memory. ``apply_grammar_bitmask_ref`` (in ``minivllm.kernels.reference``) is the plain
+never unpacked into memory. ``apply_grammar_bitmask_ref`` (in ``minivllm.kernels.torch_backend``) is the plain
 torch reference.
 """
 

@@ -1,6 +1,6 @@
 """Triton paged attention: one unified kernel for decode rows + prefill chunks (split-KV decode: ``paged_decode``).
 
-Semantics match ``minivllm.kernels.reference.paged_attention_ref``: row ``b`` has
+Semantics match ``minivllm.kernels.torch_backend.paged_attention_ref``: row ``b`` has
 ``q_len = cu_seqlens_q[b+1] - cu_seqlens_q[b]`` new queries; query ``i`` sits at absolute
 position ``context_lens[b] - q_len + i`` and attends keys ``0..position`` (causal), read from
 the paged cache through ``block_tables[b]``.

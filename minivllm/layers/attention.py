@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.kernels.reference import fp8_max, paged_attention_ref, paged_decode_torch, store_kvcache_ref
+from minivllm.kernels.torch_backend import fp8_max, paged_attention_ref, paged_decode_torch, store_kvcache_ref
 from minivllm.layers.attention_metadata import AttentionMetadata
 
 

@@ -33,7 +33,7 @@ class StepInputs:
     prev_token_index: np.ndarray | None = None  # [num_placeholders] int64
     prev_token_src: np.ndarray | None = None  # [num_placeholders] int64
     # NOTE: tensor parallel: set by rank 0 when every rank samples its own vocabulary slice this
-    # step (minivllm.layers.sharded_sampling); None: rank 0 gathers the logits and samples.
+    # step (minivllm.sample.sharded); None: rank 0 gathers the logits and samples.
     sample_temperatures: np.ndarray | None = None  # [num_sampled] float32, 0.0 on greedy rows
     # flat token indices whose logits give prompt logprobs (rows' ``prompt_logprobs``, in row order); None: none
     prompt_logprob_index: np.ndarray | None = None  # [num_prompt_positions] int64

@@ -5,7 +5,7 @@ rows whose tokens are all computed, without waiting for the device: it returns a
 whose ``result()`` brings the sampled tokens to the host. It reads only the frozen
 ``SchedulerOutput``, never a ``Sequence``. Rank 0 samples; other tensor-parallel ranks run
 ``execute_step`` on the same ``StepInputs`` (rank 0's ``prepare_inputs`` may mark a step for sharded
-sampling: every rank then samples its vocabulary slice, see ``minivllm.layers.sharded_sampling``).
+sampling: every rank then samples its vocabulary slice, see ``minivllm.sample.sharded``).
 
 NOTE: asynchronous scheduling feeds each step's sampled ids to the next step on the device:
 ``prev_sampled`` holds the newest launched step's ``[num_sampled]`` int64 token ids (on every
@@ -22,18 +22,18 @@ import torch
 from minivllm.config import Config
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.group import TPGroup
-from minivllm.kernels.reference import FP8_DTYPES
+from minivllm.kernels.torch_backend import FP8_DTYPES
 from minivllm.layers.attention import Attention
 from minivllm.layers.attention_metadata import AttentionMetadata
-from minivllm.layers.sampler import Sampler, SamplerOutput
-from minivllm.layers.sampling_metadata import build_sampling_metadata, seeded_keys
-from minivllm.layers.sharded_sampling import ShardedSampler, sharded_temperatures
 from minivllm.models.loader import load_model_weights
 from minivllm.models.registry import get_model_class
+from minivllm.sample.metadata import build_sampling_metadata, seeded_keys
+from minivllm.sample.prompt_logprobs import PromptLogprobs, prompt_logits, prompt_logprobs
+from minivllm.sample.sampler import Sampler, SamplerOutput
+from minivllm.sample.sharded import ShardedSampler, sharded_temperatures
 from minivllm.worker.executor import SampledTokens
 from minivllm.worker.input_batch import StepInputs, build_step_inputs
 from minivllm.worker.kv_cache import allocate_kv_cache
-from minivllm.worker.prompt_logprobs import PromptLogprobs, prompt_logits, prompt_logprobs
 from minivllm.worker.step_handle import StepHandle
 from minivllm.worker.warmup import warm_sampling
 

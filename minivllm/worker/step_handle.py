@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from minivllm.sample.prompt_logprobs import PromptLogprobs
 from minivllm.worker.executor import SampledTokens
-from minivllm.worker.prompt_logprobs import PromptLogprobs
 
 
 class StepHandle:

@@ -4,7 +4,7 @@ Rank 0's ModelRunner lives in the engine process; ranks 1..N-1 are spawned worke
 rank 0 builds the ``StepInputs`` once, pickles ``(command, args)`` into a shared-memory block
 (``tp_worker.py``), signals each worker (which acknowledges once it has read it, so rank 0
 may write the next one), and all ranks run the step in lockstep; rank 0 then samples (steps that
-qualify for ``minivllm.layers.sharded_sampling`` sample every rank's vocabulary slice). A monitor
+qualify for ``minivllm.sample.sharded`` sample every rank's vocabulary slice). A monitor
 thread watches the workers' sentinels: if one dies, the others are
 killed, an NCCL group is aborted, and the engine raises a clear RuntimeError.
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minivllm.layers.sampling_metadata import build_sampling_metadata
+from minivllm.sample.metadata import build_sampling_metadata
 from minivllm.sampling_params import SamplingParams
 
 

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from minivllm.kernels.fp8_block_gemm import fp8_block_gemm, quantize_fp8_per_group
-from minivllm.kernels.reference import fp8_gemm_ref, fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref
+from minivllm.kernels.torch_backend import (
+    fp8_gemm_ref,
+    fp8_linear_ref,
+    quantize_fp8_ref,
+    quantize_weight_fp8_ref,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)]  # qkv, o, gate_up, down (N, K)

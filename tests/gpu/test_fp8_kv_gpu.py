@@ -17,7 +17,7 @@ def test_store_rounds_like_torch_bf16():
     """The K/V store of the q/k norm + RoPE kernel (position 0, where RoPE leaves k as it is; no norm) writes an
     e4m3 cache bit for bit as ``store_kvcache_ref`` (torch's rounding, saturation at +-448)."""
     from minivllm.kernels.fused_rope import qk_norm_rope
-    from minivllm.kernels.reference import store_kvcache_ref
+    from minivllm.kernels.torch_backend import store_kvcache_ref
 
     gen = torch.Generator().manual_seed(0)
     n, hq, kvh, d, bs, nb = 300, 32, 8, 128, 16, 40
@@ -39,7 +39,7 @@ def test_store_rounds_like_torch_bf16():
 def test_attention_reads_fp8_cache_like_reference(decode):
     from minivllm.kernels.paged_attention import paged_attention
     from minivllm.kernels.paged_decode import paged_decode
-    from minivllm.kernels.reference import paged_attention_ref
+    from minivllm.kernels.torch_backend import paged_attention_ref
 
     gen = torch.Generator().manual_seed(1)
     nh, kvh, d, bs = 32, 8, 128, 16

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.kernels.reference import fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref
+from minivllm.kernels.torch_backend import fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEMO = str(Path(__file__).resolve().parents[2] / "models" / "minivllm-demo-py")
@@ -62,7 +62,7 @@ def test_engine_fp8_weights_cuda_graphs_equal_eager(tmp_path):
 @pytest.mark.parametrize("N, K", [(6144, 4096), (4096, 12288), (24576, 4096)])
 def test_fp8_gemv_equals_the_dequantized_reference(M, N, K):
     from minivllm.kernels.gemv import gemv
-    from minivllm.kernels.reference import dequantize_weight_fp8_ref
+    from minivllm.kernels.torch_backend import dequantize_weight_fp8_ref
 
     g = torch.Generator("cuda").manual_seed(M + N)
     w8, scale = quantize_weight_fp8_ref(torch.randn(N, K, device="cuda", generator=g) * 0.02, None)

@@ -21,7 +21,7 @@ if torch.cuda.is_available():
     from minivllm.kernels.fused_act import silu_and_mul
     from minivllm.kernels.fused_norm import fused_add_rms_norm, rms_norm
     from minivllm.kernels.fused_quant import fused_add_rms_norm_fp8, rms_norm_fp8, silu_and_mul_fp8
-    from minivllm.kernels.reference import quantize_fp8_ref
+    from minivllm.kernels.torch_backend import quantize_fp8_ref
 
 DEV, EPS = "cuda", 1e-6
 ROWS = [1, 7, 16, 128, 512]

@@ -23,7 +23,7 @@ if torch.cuda.is_available():
     from minivllm.kernels.fused_rope import qk_norm_rope
     from minivllm.kernels.paged_attention import paged_attention
     from minivllm.kernels.paged_decode import paged_decode, paged_decode_split_kv
-    from minivllm.kernels.reference import paged_attention_ref, store_kvcache_ref
+    from minivllm.kernels.torch_backend import paged_attention_ref, store_kvcache_ref
     from minivllm.layers.rotary import RotaryEmbedding
 
 DEV = "cuda"

@@ -11,7 +11,7 @@ import torch
 
 from json_schemas import SCHEMAS
 from minivllm import LLM, SamplingParams
-from minivllm.kernels.reference import apply_grammar_bitmask_ref
+from minivllm.kernels.torch_backend import apply_grammar_bitmask_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEMO = Path(__file__).resolve().parents[2] / "models" / "minivllm-demo-py"

@@ -22,7 +22,12 @@ import torch
 from torch import nn
 
 from minivllm.config.quantization import Fp8Config
-from minivllm.kernels.reference import FP8_E4M3_MAX, fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref
+from minivllm.kernels.torch_backend import (
+    FP8_E4M3_MAX,
+    fp8_linear_ref,
+    quantize_fp8_ref,
+    quantize_weight_fp8_ref,
+)
 
 
 class Fp8LinearMethod:

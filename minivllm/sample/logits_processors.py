@@ -1,4 +1,4 @@
-"""Logits processors of the sampler, steps 1-3 and 6-8 of ``layers/sampler.py``'s docstring (its
+"""Logits processors of the sampler, steps 1-3 and 6-8 of ``sample/sampler.py``'s docstring (its
 formulas): each works in place on a float32 ``[B, V]`` tensor and returns it, skipping all work
 when the batch's host-side flags say no row asks for it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.layers.sampling_metadata import SamplingMetadata
+from minivllm.sample.metadata import SamplingMetadata
 
 #: use torch.topk (instead of a full sort) for top-k-only batches when the largest k is at most this.
 _TOPK_MAX_K = 1024

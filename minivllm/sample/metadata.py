@@ -1,4 +1,4 @@
-"""Per-step sampling metadata: per-row device tensors and host flags (semantics: ``minivllm.layers.sampler``)."""
+"""Per-step sampling metadata: per-row device tensors and host flags (semantics: ``minivllm.sample.sampler``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from minivllm.layers.token_edits import TokenEdits, bad_word_bans, build_token_edits
+from minivllm.sample.token_edits import TokenEdits, bad_word_bans, build_token_edits
 from minivllm.sampling_params import SamplingParams
 
 #: temperatures below this are treated as greedy (as in vLLM), which also avoids overflow in l / T.

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from minivllm.layers.sampler import gumbel_keys
-from minivllm.layers.sampling_metadata import SAMPLING_EPS, _to_device
+from minivllm.sample.metadata import SAMPLING_EPS, _to_device
+from minivllm.sample.sampler import gumbel_keys
 from minivllm.sampling_params import SamplingParams
 
 

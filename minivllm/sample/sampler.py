@@ -7,7 +7,7 @@ host-side Python bool, so the forward pass never synchronizes with the device.
 
 Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float32):
 
-1. **token edits** (``layers/token_edits.py``) -- ``allowed_token_ids``: ``l[t] = -inf`` for every other
+1. **token edits** (``sample/token_edits.py``) -- ``allowed_token_ids``: ``l[t] = -inf`` for every other
    ``t``; ``logit_bias``: ``l[t] += bias[t]``. Then the **grammar** of a row under structured outputs:
    ``l[t] = -inf`` for every token its bitmask leaves out. Then **bans**: ``l[t] = -inf`` for the last token ``t`` of
    each bad word whose other tokens end the output so far, and, while ``len(output_b) < min_tokens``,
@@ -42,7 +42,7 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
    ``G = -log(-log U)`` from Philox keyed by the row's seed (the same distribution, other draws;
    seeded rows use the key ``(seed, len(output_b))``, others a key from the batch generator).
    With tensor parallelism such steps can sample each rank's vocabulary slice where it lies
-   (``minivllm.layers.sharded_sampling``; the same tokens).
+   (``minivllm.sample.sharded``; the same tokens).
 
 Logprobs are ``log_softmax`` of the RAW logits (before 1-8) at the sampled token, and the top
 ``max_num_logprobs`` alternatives of that same distribution, sorted descending.
@@ -55,14 +55,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from minivllm.layers.logits_processors import (
+from minivllm.sample.logits_processors import (
     apply_bans,
     apply_min_p,
     apply_penalties,
     apply_top_k_top_p,
 )
-from minivllm.layers.sampling_metadata import SamplingMetadata, _to_device
-from minivllm.layers.token_edits import apply_token_edits
+from minivllm.sample.metadata import SamplingMetadata, _to_device
+from minivllm.sample.token_edits import apply_token_edits
 
 
 @dataclass
@@ -120,7 +120,7 @@ class Sampler(nn.Module):
 
             apply_grammar_bitmask(x, rows, bitmask)
         else:
-            from minivllm.kernels.reference import apply_grammar_bitmask_ref
+            from minivllm.kernels.torch_backend import apply_grammar_bitmask_ref
 
             apply_grammar_bitmask_ref(x, rows, bitmask)
 

@@ -1,7 +1,8 @@
-"""Plain torch reference for the paged KV store and paged attention.
+"""The torch backend: every kernel of the model's forward and its sampler in plain torch.
 
-This is the CPU backend of the engine and the ground truth the Triton kernels are tested
-against. Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``; the
+The engine runs these on the CPU (``attention_backend="torch"``), and the Triton kernels are checked against
+them (hence the ``_ref`` names): the paged KV store and paged attention, the grammar mask, FP8 quantization
+and GEMMs. Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``; the
 slot of token position ``p`` of a sequence is ``block_table[p // block_size] * block_size +
 p % block_size``.
 """
