@@ -23,14 +23,14 @@ from minivllm.entrypoints.bench.models import resolve_model  # noqa: E402
 def run(llm: LLM, long_ids: list[int], shorts: list[list[int]], out_len: int) -> list[tuple[str, int, int, float]]:
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     arrival, first_step, first_ms = {}, {}, {}
-    rid = llm.add_request(long_ids, params, stream=True)
+    rid = llm.engine.add_request(long_ids, params, stream=True)
     arrival[rid], names = time.perf_counter(), {rid: "long"}
     for i, ids in enumerate(shorts):
-        r = llm.add_request(ids, params, stream=True)
+        r = llm.engine.add_request(ids, params, stream=True)
         arrival[r], names[r] = time.perf_counter(), f"short {i}"
     step = 0
-    while llm.has_unfinished_requests():
-        outputs, _ = llm.step()
+    while llm.engine.has_unfinished_requests():
+        outputs, _ = llm.engine.step()
         now = time.perf_counter()
         for o in outputs:
             if o.request_id not in first_step:
@@ -68,7 +68,7 @@ def main() -> None:
     results = {}
     for mode, kw in modes.items():
         llm = LLM(args.model, **common, **kw)
-        vocab = min(10000, llm.config.model_config.arch.vocab_size)
+        vocab = min(10000, llm.engine.config.model_config.arch.vocab_size)
         rng = random.Random(0)
         long_ids = [rng.randrange(vocab) for _ in range(args.long_len)]
         shorts = [[rng.randrange(vocab) for _ in range(args.short_len)] for _ in range(args.num_short)]

@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> dict:
     startup_s = time.perf_counter() - t0
     cache_dir = os.environ.get("TRITON_CACHE_DIR")
     cached_at_start = cache_kernels(cache_dir)
-    vocab = min(10000, llm.config.model_config.arch.vocab_size - 1)
+    vocab = min(10000, llm.engine.config.model_config.arch.vocab_size - 1)
     rows = []
-    cfg = llm.config
+    cfg = llm.engine.config
     long_len = min(cfg.model_config.max_model_len - 16, cfg.scheduler_config.max_num_batched_tokens + 3001)
     passes = [scenarios(vocab, long_len, seed) for seed in (1, 2)]
     for i, (name, _, sp) in enumerate(passes[0]):

@@ -67,14 +67,14 @@ class PhaseTimer:
 
 def instrument(llm: LLM, sync: bool) -> PhaseTimer:
     pt = PhaseTimer()
-    runner = llm.executor.runner
-    pt.wrap(llm.scheduler, "schedule", "schedule")
+    runner = llm.engine.executor.runner
+    pt.wrap(llm.engine.scheduler, "schedule", "schedule")
     pt.wrap(mr, "build_step_inputs", "prepare inputs")
     pt.wrap(runner, "execute", "forward" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
     pt.wrap(runner, "_sample", "sample" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
     pt.wrap(runner, "_sample_sharded", "sample" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
     pt.wrap(mr.StepHandle, "result", "wait for tokens")
-    pt.wrap(llm.scheduler, "update_from_output", "update from output (scheduler)")
+    pt.wrap(llm.engine.scheduler, "update_from_output", "update from output (scheduler)")
     pt.wrap(llm, "_snapshot", "outputs / detokenize")
     pt.wrap(llm, "step", "whole step")
     return pt
@@ -144,20 +144,20 @@ def kernel_categories(prof, steps: int) -> None:
 
 def run_decode_batch(llm: LLM, rows: int, context: int, steps: int = 30) -> None:
     """``rows`` requests of ``context`` prompt tokens, all decoding; ``steps`` decode steps profiled."""
-    vocab = min(10000, llm.config.model_config.arch.vocab_size - 1)
+    vocab = min(10000, llm.engine.config.model_config.arch.vocab_size - 1)
     for _ in range(rows):
-        llm.add_request([random.randint(0, vocab) for _ in range(context)],
+        llm.engine.add_request([random.randint(0, vocab) for _ in range(context)],
                         SamplingParams(temperature=0.6, max_tokens=2 * steps + 40, ignore_eos=True))
-    while any(s.num_completion_tokens < 2 for s in llm.scheduler.running) or llm.scheduler.waiting:
-        llm.step()
+    while any(s.num_completion_tokens < 2 for s in llm.engine.scheduler.running) or llm.engine.scheduler.waiting:
+        llm.engine.step()
     for _ in range(5):
-        llm.step()
+        llm.engine.step()
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
     t0 = time.perf_counter()
     for _ in range(steps):
-        llm.step()
+        llm.engine.step()
     sync()
     plain = (time.perf_counter() - t0) * 1000 / steps
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA if cuda
@@ -166,20 +166,20 @@ def run_decode_batch(llm: LLM, rows: int, context: int, steps: int = 30) -> None
     t0 = time.perf_counter()
     with prof:
         for _ in range(steps):
-            llm.step()
+            llm.engine.step()
         sync()
     wall = (time.perf_counter() - t0) * 1000 / steps
     print(f"\n## decode, {rows} rows, context ~{context}: wall {plain:.3f} ms/step ({wall:.3f} profiled)")
     kernel_categories(prof, steps)
-    while llm.has_unfinished_requests():
-        llm.step()
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
 
 
 def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool, sync: bool) -> None:
     for p, sp in zip(prompts, params):
-        llm.add_request(p, sp)
+        llm.engine.add_request(p, sp)
     for _ in range(3):  # admit + prefill outside the decode measurement
-        llm.step()
+        llm.engine.step()
     pt = instrument(llm, sync)
     steps = 0
     prof = None
@@ -188,8 +188,8 @@ def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool, s
                                                   torch.profiler.ProfilerActivity.CUDA])
         prof.__enter__()
     t0 = time.perf_counter()
-    while llm.has_unfinished_requests() and steps < 200:
-        llm.step()
+    while llm.engine.has_unfinished_requests() and steps < 200:
+        llm.engine.step()
         steps += 1
     wall = time.perf_counter() - t0
     if prof is not None:
@@ -205,8 +205,8 @@ def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool, s
               f"(idle {100 * (1 - gpu_total / 1000 / wall):.0f}%; profiler overhead inflates wall)")
         print(events.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60))
         collective_spread(prof, steps)
-    while llm.has_unfinished_requests():
-        llm.step()
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
 
 
 def main() -> None:
@@ -229,17 +229,17 @@ def main() -> None:
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.max_model_len,
               enforce_eager=args.enforce_eager, device=args.device, tensor_parallel_size=args.tp,
               quantization=args.quantization, **({"async_scheduling": False} if args.sync_phases else {}))
-    print(f"async_scheduling={llm.config.scheduler_config.async_scheduling}")
+    print(f"async_scheduling={llm.engine.config.scheduler_config.async_scheduling}")
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
     random.seed(0)
     if args.decode_rows:
         for rows in args.decode_rows:
             run_decode_batch(llm, rows, args.decode_context)
         return
-    one = [[random.randint(0, min(10000, llm.config.model_config.arch.vocab_size - 1)) for _ in range(128)]]
+    one = [[random.randint(0, min(10000, llm.engine.config.model_config.arch.vocab_size - 1)) for _ in range(128)]]
     run_scenario(llm, one, [SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)],
                  "one request, decode", not args.no_kernels, args.sync_phases)
-    batch = [[random.randint(0, min(10000, llm.config.model_config.arch.vocab_size - 1)) for _ in range(random.randint(100, 1024))] for _ in range(256)]
+    batch = [[random.randint(0, min(10000, llm.engine.config.model_config.arch.vocab_size - 1)) for _ in range(random.randint(100, 1024))] for _ in range(256)]
     params = [SamplingParams(temperature=0.6, max_tokens=300, ignore_eos=True) for _ in batch]
     run_scenario(llm, batch, params, "256 requests (nano-like), from admission", not args.no_kernels,
                  args.sync_phases)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     results = []
     llm = LLM(path, **kw)
-    our_dtype = llm.config.model_config.dtype
+    our_dtype = llm.engine.config.model_config.dtype
     try:
         throughput.warm_up(llm)
         for i, bs in enumerate(sizes):

@@ -66,8 +66,8 @@ def step_breakdown(trace: list[tuple[int, int, float]]) -> list[dict]:
 
 
 def _traced_step(llm, trace: list):
-    """Wrap ``llm.step`` to append (prefill tokens, decode tokens, seconds) of each call to ``trace``."""
-    step = llm.step
+    """Wrap ``llm.engine.step`` to append (prefill tokens, decode tokens, seconds) of each call to ``trace``."""
+    step = llm.engine.step
 
     def traced():
         t = time.perf_counter()
@@ -91,7 +91,7 @@ def measure(args: argparse.Namespace) -> dict:
     llm = LLM(args.model, **kw)
     try:
         startup = time.perf_counter() - t0
-        vocab = llm.config.model_config.arch.vocab_size
+        vocab = llm.engine.config.model_config.arch.vocab_size
         prompts, params = _workload(args, vocab)
         warm = random.Random(12345)  # NOTE: other prompts than the workload's, so no prefix-cache hits
         hi = min(10000, vocab - 1)
@@ -100,11 +100,11 @@ def measure(args: argparse.Namespace) -> dict:
         # Triton kernels it needs are compiled before the clock starts (a cold cache cost ~1.7 s)
         llm.generate(warm_prompts, SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=8), use_tqdm=False)
         trace: list[tuple[int, int, float]] = []
-        llm.step = _traced_step(llm, trace)
+        llm.engine.step = _traced_step(llm, trace)
         t = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - t
-        del llm.step
+        del llm.engine.step
         breakdown = step_breakdown(trace)
         for r in breakdown:
             print(f"  {r['kind']:<22} {r['steps']:>5} steps {r['seconds']:>7.3f} s "
@@ -114,19 +114,19 @@ def measure(args: argparse.Namespace) -> dict:
         prompt = [rng.randint(0, min(10000, vocab - 1)) for _ in range(args.latency_input_len)]
         sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=args.latency_output_len)
         t = time.perf_counter()
-        llm.add_request(prompt, sp)
+        llm.engine.add_request(prompt, sp)
         final = None
         while final is None:
-            final = next((o for o in llm.step()[0] if o.finished), None)
+            final = next((o for o in llm.engine.step()[0] if o.finished), None)
         latency = time.perf_counter() - t
         n = len(final.outputs[0].token_ids)
         tpot = (final.finished_time - final.first_token_time) / max(1, n - 1)
-        return {"tp": args.tp, "startup_s": startup, "kv_blocks": llm.executor.num_kvcache_blocks,
+        return {"tp": args.tp, "startup_s": startup, "kv_blocks": llm.engine.executor.num_kvcache_blocks,
                 "throughput_tok_s": out_tokens / elapsed, "throughput_elapsed_s": elapsed,
                 "output_tokens": out_tokens, "latency_s": latency, "ms_per_token": 1000 * latency / n,
-                "tpot_ms": 1000 * tpot, "step_breakdown": breakdown, "device": llm.config.device_config.device, "dtype": llm.config.model_config.dtype,
-                "kv_cache_dtype": llm.config.cache_config.kv_cache_dtype,
-                "custom_all_reduce": getattr(getattr(llm.executor.runner, "tp_group", None), "custom_ar", None) is not None,
+                "tpot_ms": 1000 * tpot, "step_breakdown": breakdown, "device": llm.engine.config.device_config.device, "dtype": llm.engine.config.model_config.dtype,
+                "kv_cache_dtype": llm.engine.config.cache_config.kv_cache_dtype,
+                "custom_all_reduce": getattr(getattr(llm.engine.executor.runner, "tp_group", None), "custom_ar", None) is not None,
                 "env": {k: v for k, v in os.environ.items() if k.startswith(("MINIVLLM_", "NCCL_"))}}
     finally:
         llm.close()

@@ -1,20 +1,94 @@
-"""The public offline entry point (vLLM / nano-vLLM API)."""
+"""The public offline entry point (vLLM / nano-vLLM API): ``LLM(path).generate(prompts, SamplingParams(...))``."""
 
-from minivllm.engine.llm_engine import LLMEngine
+from __future__ import annotations
+
+from typing import Any
+
+from minivllm.engine.tokenizer import chat_template_args
+from minivllm.sampling_params import SamplingParams
 
 
-class LLM(LLMEngine):
+class LLM:
     """``LLM(path, **engine_kwargs).generate(prompts, SamplingParams(...))``.
 
-    ``path`` is a local Hugging Face checkpoint folder. Use it as a context manager, or call
-    ``close()``, to release its worker processes and memory early. ``data_parallel_size=N`` (N > 1) gives a
-    :class:`~minivllm.engine.data_parallel.DataParallelLLM` instead: N replicas of this engine on Ray, with
-    the same ``generate`` and ``chat``.
+    ``path`` is a local Hugging Face checkpoint folder. Use it as a context manager, or call ``close()``, to
+    release its worker processes and memory early. ``engine`` is what runs the prompts: an ``LLMEngine`` (its
+    ``add_request`` / ``step`` are the lower-level API), or with ``data_parallel_size=N`` (N > 1) a
+    ``DataParallelEngine`` of N engine replicas on Ray. Either has ``run_batch(prompts, params, use_tqdm)``,
+    ``tokenizer`` and ``close()``, which is all this class uses.
     """
 
-    def __new__(cls, model: str | None = None, **kwargs):
-        if kwargs.get("data_parallel_size", 1) not in (1, None) and cls is LLM:
-            from minivllm.engine.data_parallel import DataParallelLLM
+    def __init__(self, model: str, **engine_kwargs):
+        if (engine_kwargs.get("data_parallel_size") or 1) > 1:
+            from minivllm.scale_out.data_parallel import DataParallelEngine
 
-            return DataParallelLLM(model, **kwargs)
-        return super().__new__(cls)
+            self.engine: Any = DataParallelEngine(model, **engine_kwargs)
+        else:
+            from minivllm.engine.llm_engine import LLMEngine
+
+            self.engine = LLMEngine(model, **engine_kwargs)
+
+    def get_tokenizer(self):
+        """The model's Hugging Face tokenizer (None for a checkpoint without one)."""
+        return self.engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[dict]:
+        """Generate for a batch; returns ``[{"text", "token_ids", "finish_reason", ...}]`` in prompt order.
+
+        ``prompts``: a string or a list of token ids, or a list of them; ``sampling_params``: one for all
+        (None: the defaults) or one per prompt. ValueError naming the parameter for bad input, before any
+        prompt runs.
+        """
+        prompts, params = batch_of_prompts(prompts, sampling_params)
+        return [out.to_dict() for out in self.engine.run_batch(prompts, params, use_tqdm=use_tqdm)]
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | list[SamplingParams]
+             | None = None, use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[dict]:
+        """``generate`` on conversations (one, or a list of them) rendered by the chat template, as vLLM's
+        ``LLM.chat``: the tokenizer's template, or ``chat_template``, with ``chat_template_kwargs`` (such as
+        ``enable_thinking``). ``continue_final_message`` continues the last (assistant) message instead of
+        starting a new one."""
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError("chat needs a tokenizer, and this checkpoint has none")
+        if not chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("chat_template is needed: this model's tokenizer has none")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [tokenizer.apply_chat_template(c, tokenize=False, **chat_template_args(
+            add_generation_prompt, continue_final_message, chat_template, chat_template_kwargs,
+            c[-1].get("role") if c else None)) for c in conversations]
+        ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
+
+    def close(self) -> None:
+        """Release the engine: the model, the KV cache, worker processes, Ray replicas (idempotent)."""
+        self.engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def batch_of_prompts(prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
+    """``generate``'s arguments as lists of equal length: one prompt (a string or token ids) or a list of them,
+    and one ``SamplingParams`` (None: the defaults) or one per prompt (ValueError if the counts differ)."""
+    if not isinstance(prompts, (str, list, tuple)):
+        raise ValueError(f"prompts must be a string, a list of token ids, or a list of those, got "
+                         f"{type(prompts).__name__}")
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if sampling_params is None:
+        sampling_params = SamplingParams()
+    if isinstance(sampling_params, SamplingParams):
+        sampling_params = [sampling_params] * len(prompts)
+    if not isinstance(sampling_params, (list, tuple)):
+        raise ValueError(f"sampling_params must be a SamplingParams or a list of them, got "
+                         f"{type(sampling_params).__name__}")
+    if len(sampling_params) != len(prompts):
+        raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
+    return prompts, list(sampling_params)

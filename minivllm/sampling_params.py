@@ -44,8 +44,6 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
     _stop: list[str] = field(default_factory=list, init=False, repr=False)
-    #: the token ids of each bad word (with and without a leading space), set by the engine's tokenizer
-    bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_types(self)  # NOTE: first: a wrong type gets a ValueError naming the parameter, not a TypeError
@@ -131,12 +129,6 @@ class SamplingParams:
     def edits_logits(self) -> bool:
         """Whether ``logit_bias``, ``allowed_token_ids`` or ``bad_words`` change the row's logits."""
         return bool(self.logit_bias or self.allowed_token_ids or self.bad_words)
-
-    @property
-    def needs_output_tokens(self) -> bool:
-        """Whether sampling reads the values of the tokens generated so far (penalties, bad words of more
-        than one token)."""
-        return self.has_penalties or any(len(w) > 1 for w in self.bad_words_token_ids)
 
     @property
     def is_greedy(self) -> bool:

@@ -22,11 +22,12 @@ def filtered_probs(
     prompt_token_ids: Sequence[int] = (),
     output_token_ids: Sequence[int] = (),
     eos_token_ids: Sequence[int] = (),
+    bad_words: Sequence[Sequence[int]] = (),
 ) -> torch.Tensor:
     """Float64 probabilities the sampler draws row ``logits_row`` from (one-hot for greedy).
 
     A straightforward per-row reference of the module docstring (sorted lists, float64), used by
-    the statistical tests; not for the hot path.
+    the statistical tests; not for the hot path. ``bad_words``: each bad word's token ids.
     """
     x = logits_row.detach().to("cpu", torch.float64).clone()
     V = x.numel()
@@ -39,7 +40,7 @@ def filtered_probs(
         if t < V:
             x[t] += bias
     out = list(output_token_ids)
-    for word in params.bad_words_token_ids:
+    for word in map(list, bad_words):
         if len(word) == 1 or out[len(out) - len(word) + 1:] == word[:-1] and len(out) >= len(word) - 1:
             x[word[-1]] = -math.inf
     if len(output_token_ids) < params.min_tokens:

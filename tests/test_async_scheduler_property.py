@@ -1,8 +1,8 @@
 """Asynchronous scheduling in the pure-Python layer: the same tokens as synchronous scheduling.
 
 A fake device keeps a paged cache of token values, written and read only through the frozen scheduler
-outputs (the rows' new tokens and block tables, a placeholder's value read from the previous step's
-sampled row), and samples each row's token from the context it reads back, as the GPU does; the host only learns the values one step later
+outputs (the rows' new tokens, block tables rebuilt from the outputs' deltas as the runner's persistent batch
+does, a placeholder's value read from the previous step's sampled row), and samples each row's token from the context it reads back, as the GPU does; the host only learns the values one step later
 (``update_from_output``). Random workloads with EOS
 stops, chunked prefill, prefix caching and preemption must end with exactly the tokens and
 finish reasons of the synchronous loop, with the invariants intact after every step.
@@ -28,20 +28,27 @@ def fake_token(tokens: list[int], index: int) -> int:
 
 
 class FakeDevice:
-    """The device side of a step: a paged KV cache holding token values, filled and read through the rows'
-    block tables only (prefix-cache hits read blocks another sequence wrote)."""
+    """The device side of a step: a paged KV cache holding token values, filled and read through block tables
+    kept from the outputs' deltas only (prefix-cache hits read blocks another sequence wrote)."""
 
     def __init__(self, index_of: dict[int, int], block_size: int):
         self.kv: dict[int, int] = {}  # slot -> the token whose K/V it holds
         self.index_of, self.block_size = index_of, block_size
+        self.tables: dict[int, list[int]] = {}  # seq id -> its block table, as the runner's batch holds it
         self.last: list[int] = []  # the previous launched step's sampled tokens, by row
 
     def _slot(self, row, pos: int) -> int:
-        return row.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+        return self.tables[row.seq_id][pos // self.block_size] * self.block_size + pos % self.block_size
 
     def sample(self, scheduler_output) -> list[int]:
+        for seq_id in scheduler_output.finished_seq_ids:
+            del self.tables[seq_id]
+        for req in scheduler_output.new_requests:
+            assert req.seq_id not in self.tables
+            self.tables[req.seq_id] = list(req.block_ids)
         sampled = []
         for row in scheduler_output.rows:
+            self.tables[row.seq_id] += row.new_block_ids
             new = [self.last[row.prev_sampled_row]] if row.prev_sampled_row >= 0 else list(row.token_ids)
             assert PLACEHOLDER not in new
             for i, t in enumerate(new):

@@ -68,35 +68,35 @@ def test_async_outputs_equal_sync(tiny_tied_model, kw):
     assert [o["finish_reason"] for o in expected[:2]] == ["length", "stop"]
     assert expected[7]["finish_reason"] == "length" and len(expected[7]["token_ids"]) < 500
     if "num_kvcache_blocks" in kw:
-        assert asyn.scheduler.num_preemptions > 0  # (params_for runs only on the other engine)
-    assert asyn.block_manager.num_used_blocks == 0
-    asyn.scheduler.check_integrity()
+        assert asyn.engine.scheduler.num_preemptions > 0  # (params_for runs only on the other engine)
+    assert asyn.engine.block_manager.num_used_blocks == 0
+    asyn.engine.scheduler.check_integrity()
 
 
 def test_tokens_arrive_one_step_later_and_abort_in_flight(tiny_tied_model):
     sync, asyn = both(tiny_tied_model)
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     expected = sync.generate(PROMPTS[:3], greedy, use_tqdm=False)
-    ids = [asyn.add_request(p, greedy, stream=True) for p in PROMPTS[:3]]
-    outputs, stats = asyn.step()
+    ids = [asyn.engine.add_request(p, greedy, stream=True) for p in PROMPTS[:3]]
+    outputs, stats = asyn.engine.step()
     assert outputs == [] and stats.num_prefill_tokens > 0  # launched; its tokens report next step
-    outputs, stats = asyn.step()
+    outputs, stats = asyn.engine.step()
     assert {o.request_id for o in outputs} == set(ids) and stats.num_decode_tokens == 3
-    asyn.abort_request(ids[1])  # its next token is being computed right now
+    asyn.engine.abort_request(ids[1])  # its next token is being computed right now
     tokens = {rid: [] for rid in ids}
     finished = {}
     for o in outputs:
         tokens[o.request_id] += o.outputs[0].delta_token_ids
-    while asyn.has_unfinished_requests():
-        outputs, _ = asyn.step()
-        asyn.scheduler.check_integrity()
+    while asyn.engine.has_unfinished_requests():
+        outputs, _ = asyn.engine.step()
+        asyn.engine.scheduler.check_integrity()
         for o in outputs:
             tokens[o.request_id] += o.outputs[0].delta_token_ids
             if o.finished:
                 finished[o.request_id] = o.outputs[0].finish_reason
     assert ids[1] not in finished and tokens[ids[1]] == expected[1]["token_ids"][:1]
     assert [tokens[ids[0]], tokens[ids[2]]] == [expected[0]["token_ids"], expected[2]["token_ids"]]
-    assert asyn.block_manager.num_used_blocks == 0
+    assert asyn.engine.block_manager.num_used_blocks == 0
 
 
 @pytest.mark.slow
@@ -113,7 +113,7 @@ def test_tensor_parallel_async_matches(tiny_tied_model):
         expected = LLM(tiny_tied_model, device="cpu").generate(prompts, greedy, use_tqdm=False)
         with LLM(tiny_tied_model, device="cpu", tensor_parallel_size=2, async_scheduling=True,
                  max_num_batched_tokens=32, num_kvcache_blocks=20, max_model_len=256) as llm:
-            assert llm.executor.runner.share_sampled
+            assert llm.engine.executor.runner.share_sampled
             got = llm.generate(prompts, greedy, use_tqdm=False)
     finally:
         torch.set_num_threads(prev)

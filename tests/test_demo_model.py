@@ -25,7 +25,7 @@ def demo():
 def test_demo_model_defaults_to_float32_on_cpu_and_equals_transformers(demo):
     assert demo.config.model_config.arch.dtype == "bfloat16"  # the checkpoint's
     assert demo.config.model_config.dtype == "float32"  # the CPU's default
-    assert next(demo.executor.runner.model.parameters()).dtype == torch.float32
+    assert next(demo.engine.executor.runner.model.parameters()).dtype == torch.float32
     outs = [o["token_ids"] for o in demo.generate(PROMPTS, GREEDY, use_tqdm=False)]
     matches, bad = compare_with_transformers(DEMO, outs, "cpu", torch.float32)
     assert matches == len(PROMPTS) and not bad
@@ -34,8 +34,8 @@ def test_demo_model_defaults_to_float32_on_cpu_and_equals_transformers(demo):
 @pytest.mark.slow
 def test_demo_model_bf16_ties_only_on_cpu():
     with LLM(DEMO, device="cpu", dtype="bfloat16") as llm:  # the checkpoint's dtype, asked for
-        assert llm.config.model_config.dtype == "bfloat16"
-        assert next(llm.executor.runner.model.parameters()).dtype == torch.bfloat16
+        assert llm.engine.config.model_config.dtype == "bfloat16"
+        assert next(llm.engine.executor.runner.model.parameters()).dtype == torch.bfloat16
         outs = [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
     matches, bad = compare_with_transformers(DEMO, outs, "cpu")
     assert not bad, f"divergences that are not bf16 ties: {bad}"

@@ -24,7 +24,7 @@ PROMPTS = [
 
 
 def token_prompts(llm, prompts):
-    return [llm.tokenizer.encode(p) for p in prompts]
+    return [llm.get_tokenizer().encode(p) for p in prompts]
 
 
 def check_against_hf(path, llm, prompt_ids, outputs, max_new=32):
@@ -42,7 +42,7 @@ def test_greedy_matches_transformers(tiny_model):
     # token-id prompts give the same result, and text is the decode of the ids
     again = llm.generate(ids[:3], GREEDY, use_tqdm=False)
     assert [o["token_ids"] for o in again] == [o["token_ids"] for o in outputs[:3]]
-    assert outputs[0]["text"] == llm.decode(outputs[0]["token_ids"])
+    assert outputs[0]["text"] == llm.engine.decode(outputs[0]["token_ids"])
 
 
 def test_prefix_cache_hits_and_stays_correct(tiny_tied_model):
@@ -50,14 +50,14 @@ def test_prefix_cache_hits_and_stays_correct(tiny_tied_model):
     prefix = "def shared_prefix(a, b, c):\n    " + "total = a + b + c\n    " * 6
     prompts = [prefix + tail for tail in ("return total", "print(total)", "x = 1", "pass")]
     ids = token_prompts(llm, prompts)
-    assert len(llm.tokenizer.encode(prefix)) >= 48
+    assert len(llm.get_tokenizer().encode(prefix)) >= 48
     first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
-    hits_before = llm.block_manager.num_cached_blocks
+    hits_before = llm.engine.block_manager.num_cached_blocks
     assert hits_before > 0
-    rid = llm.add_request(ids[1], GREEDY)
+    rid = llm.engine.add_request(ids[1], GREEDY)
     outs = []
-    while llm.has_unfinished_requests():
-        o, _ = llm.step()
+    while llm.engine.has_unfinished_requests():
+        o, _ = llm.engine.step()
         outs += o
     assert outs[-1].request_id == rid and outs[0].num_cached_tokens >= 32  # full blocks reused
     rest = llm.generate(prompts[2:], GREEDY, use_tqdm=False)
@@ -68,9 +68,9 @@ def test_preemption_recompute_is_correct(tiny_model):
     # 16 blocks x 16 tokens = 256 tokens of cache for 13 prompts of up to ~70 tokens + 32 new
     llm = LLM(tiny_model, device="cpu", num_kvcache_blocks=16, max_model_len=256)
     outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert llm.scheduler.num_preemptions > 0
+    assert llm.engine.scheduler.num_preemptions > 0
     check_against_hf(tiny_model, llm, token_prompts(llm, PROMPTS), outputs)
-    assert llm.block_manager.num_used_blocks == 0
+    assert llm.engine.block_manager.num_used_blocks == 0
 
 
 def test_chunked_prefill_with_preemption_matches_unconstrained(tiny_tied_model):
@@ -82,7 +82,7 @@ def test_chunked_prefill_with_preemption_matches_unconstrained(tiny_tied_model):
     expected = free.generate(ids, GREEDY, use_tqdm=False)
     tight = LLM(tiny_tied_model, device="cpu", max_num_batched_tokens=32, num_kvcache_blocks=40, max_model_len=512)
     got = tight.generate(ids, GREEDY, use_tqdm=False)
-    assert tight.scheduler.num_preemptions > 0
+    assert tight.engine.scheduler.num_preemptions > 0
     assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
     check_against_hf(tiny_tied_model, free, ids[:5], expected[:5])
 
@@ -90,16 +90,16 @@ def test_chunked_prefill_with_preemption_matches_unconstrained(tiny_tied_model):
 def test_mixed_step_and_short_request_overtakes_long_prefill(tiny_tied_model):
     llm = LLM(tiny_tied_model, device="cpu", max_num_batched_tokens=32, max_num_seqs=4)
     # stream=True: the engine reports every new token (offline requests report only at the end)
-    short = llm.add_request("def f(x):", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), stream=True)
-    llm.step()  # short is prefilled and starts decoding
-    long_ids = llm.tokenizer.encode("# " + " ".join(f"token{i}" for i in range(150)))
+    short = llm.engine.add_request("def f(x):", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), stream=True)
+    llm.engine.step()  # short is prefilled and starts decoding
+    long_ids = llm.get_tokenizer().encode("# " + " ".join(f"token{i}" for i in range(150)))
     assert len(long_ids) > 200
-    long = llm.add_request(long_ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), stream=True)
+    long = llm.engine.add_request(long_ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), stream=True)
     saw_mixed = False
     short_tokens_during_long_prefill = 0
     long_started = False
-    while llm.has_unfinished_requests():
-        outputs, stats = llm.step()
+    while llm.engine.has_unfinished_requests():
+        outputs, stats = llm.engine.step()
         got = {o.request_id for o in outputs}
         if stats.num_prefill_tokens > 0 and stats.num_decode_tokens > 0:
             saw_mixed = True
@@ -115,13 +115,13 @@ def test_mixed_step_and_short_request_overtakes_long_prefill(tiny_tied_model):
 def test_short_request_first_token_while_long_prompt_prefills(tiny_tied_model):
     # the long prompt arrives first; a per-step chunk cap leaves budget for the short one
     llm = LLM(tiny_tied_model, device="cpu", max_num_batched_tokens=32, long_prefill_threshold=16)
-    long_ids = llm.tokenizer.encode("# " + " ".join(f"token{i}" for i in range(150)))
-    long = llm.add_request(long_ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), stream=True)
-    short = llm.add_request("def f(x):", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), stream=True)
+    long_ids = llm.get_tokenizer().encode("# " + " ".join(f"token{i}" for i in range(150)))
+    long = llm.engine.add_request(long_ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), stream=True)
+    short = llm.engine.add_request("def f(x):", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), stream=True)
     first_token_step = {}
     step = 0
-    while llm.has_unfinished_requests():
-        outputs, stats = llm.step()
+    while llm.engine.has_unfinished_requests():
+        outputs, stats = llm.engine.step()
         assert stats.num_prefill_tokens + stats.num_decode_tokens <= 32
         for o in outputs:
             first_token_step.setdefault(o.request_id, step)
@@ -132,20 +132,21 @@ def test_short_request_first_token_while_long_prompt_prefills(tiny_tied_model):
 
 
 def test_startup_steps_leave_the_engine_working(tiny_tied_model):
-    """``minivllm/worker/kv_cache.py`` and ``warmup.py`` on the CPU: the profiling forward (a GPU step, here run directly) binds a
+    """The runner's start-up steps on the CPU: the profiling forward (a GPU step, here run directly) binds a
     throw-away cache and leaves the layers without one; the KV cache sizing and the sampling warm-up ran at
     start-up; re-binding the cache restores generation, with the same greedy tokens."""
-    from minivllm.worker import kv_cache, warmup
+    from minivllm.worker import kv_cache
 
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     with LLM(tiny_tied_model, device="cpu", max_model_len=256, max_num_seqs=4, num_kvcache_blocks=40) as llm:
-        runner = llm.executor.runner
-        assert runner.num_kvcache_blocks == llm.num_kvcache_blocks == 40
+        runner = llm.engine.executor.runner
+        assert runner.num_kvcache_blocks == llm.engine.num_kvcache_blocks == 40
         cache = runner.kv_cache  # [2, layers, blocks, block_size, kv_heads, head_dim]
-        assert cache.shape[2] == 40 and cache.numel() * cache.element_size() == 40 * kv_cache.block_bytes(runner)
+        assert cache.shape[2] == 40 and cache.numel() * cache.element_size() == 40 * kv_cache.block_bytes(
+            runner.attn_layers, runner.block_size, runner.kv_dtype)
         expected = [o["token_ids"] for o in llm.generate(["a b c", "d e"], greedy, use_tqdm=False)]
-        kv_cache.profiling_forward(runner)
-        assert runner.kv_cache is None and all(layer.k_cache.numel() == 0 for layer in runner.attn_layers)
-        kv_cache.bind_cache(runner, cache)
-        warmup.warm_sampling(runner)
+        runner._profile_run()
+        assert all(layer.k_cache.numel() == 0 for layer in runner.attn_layers)
+        kv_cache.bind_cache(runner.attn_layers, cache)
+        runner._warm_up_sampling()
         assert [o["token_ids"] for o in llm.generate(["a b c", "d e"], greedy, use_tqdm=False)] == expected

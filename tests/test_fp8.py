@@ -100,7 +100,7 @@ def test_block_checkpoint_loads_the_blocks_of_the_fused_layers(fp8_checkpoints, 
     from safetensors.torch import load_file
 
     with LLM(fp8_checkpoints["block"], **KW) as llm:
-        layer = llm.executor.runner.model.model.layers[1]
+        layer = llm.engine.executor.runner.model.model.layers[1]
         src = load_file(Path(fp8_checkpoints["block"]) / "model.safetensors")
         qkv = layer.self_attn.qkv_proj
         names = [f"model.layers.1.self_attn.{p}_proj.weight" for p in "qkv"]
@@ -151,7 +151,7 @@ def test_online_fp8_keeps_the_demo_models_heldout_loss():
     with LLM(DEMO, device="cpu", dtype="bfloat16") as llm:
         bf16 = _mean_nll(llm, windows)
     with LLM(DEMO, device="cpu", dtype="bfloat16", quantization="fp8") as llm:
-        assert llm.executor.runner.model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+        assert llm.engine.executor.runner.model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
         fp8 = _mean_nll(llm, windows)
     assert abs(fp8 - bf16) / bf16 < 0.02, (bf16, fp8)
 

@@ -109,12 +109,12 @@ def test_engine_with_fp8_kv_cache(tiny_tied_model):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = ["hello world", "the quick brown fox", "def f(x):"]
     with LLM(tiny_tied_model, **kw) as full:
-        blocks_f32 = full.num_kvcache_blocks
+        blocks_f32 = full.engine.num_kvcache_blocks
     with LLM(tiny_tied_model, kv_cache_dtype="fp8", **kw) as llm:
-        runner = llm.executor.runner
+        runner = llm.engine.executor.runner
         assert runner.kv_cache.dtype == FP8
         # 1 byte per value instead of 4 (the budget binds, not the cap of max_num_seqs full sequences)
-        assert 4 * blocks_f32 <= llm.num_kvcache_blocks < 4 * (blocks_f32 + 1) <= 32 * 16
+        assert 4 * blocks_f32 <= llm.engine.num_kvcache_blocks < 4 * (blocks_f32 + 1) <= 32 * 16
         first = llm.generate(prompts, params, use_tqdm=False)
         again = llm.generate(prompts, params, use_tqdm=False)
     assert [len(o["token_ids"]) for o in first] == [12, 12, 12]
@@ -181,13 +181,13 @@ def test_checkpoint_kv_scales_load_into_each_layer(tiny_tied_model, tmp_path):
     kw = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=4, cpu_kvcache_space_gib=0.0005)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     with LLM(path, kv_cache_dtype="fp8", **kw) as llm:
-        layers = [m.self_attn.attn for m in llm.executor.runner.model.model.layers]
+        layers = [m.self_attn.attn for m in llm.engine.executor.runner.model.model.layers]
         assert [a.kv_scales() for a in layers[:2]] == [(0.25, 0.5), (0.125, 2.0)]
         assert all(a.kv_scales() == (1.0, 1.0) for a in layers[2:])
         out = llm.generate(["hello world"], params, use_tqdm=False)
     assert len(out[0]["token_ids"]) == 8
     with LLM(path, **kw) as llm:
-        assert llm.executor.runner.model.model.layers[0].self_attn.attn.kv_scales() == (1.0, 1.0)
+        assert llm.engine.executor.runner.model.model.layers[0].self_attn.attn.kv_scales() == (1.0, 1.0)
     bad = _with_kv_scales(tiny_tied_model, tmp_path / "bad", {"model.layers.0.self_attn.v_scale": 0.0})
     with pytest.raises(ValueError, match="v_scale"):
         LLM(bad, kv_cache_dtype="fp8", **kw)

@@ -128,9 +128,34 @@ def test_no_module_globals_are_assigned_at_run_time():
     assert found == []
 
 
-def test_no_file_over_300_lines():
-    long = {_module(p): n for p in SOURCES if (n := len(p.read_text().splitlines())) > 300}
+def test_no_file_over_400_lines():
+    """~250 lines is the guide; a cohesive class may take 400, and is never cut across files to fit."""
+    long = {_module(p): n for p in SOURCES if (n := len(p.read_text().splitlines())) > 400}
     assert long == {}
+
+
+def test_no_mixins_and_no_method_called_by_name():
+    """A class has one clear shape: the package defines no mixin, and no engine class has a mixin base or
+    several bases (Ray Serve's router API asks for its own ``FIFOMixin``, outside the engine); a message between
+    threads or processes is a dataclass handled by ``match``, never a method name for ``getattr``."""
+    mixins, multiple, by_name = [], [], []
+    for path in SOURCES:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                names = [ast.unparse(b) for b in node.bases]
+                if node.name.endswith("Mixin"):
+                    mixins.append(f"{_module(path)}.{node.name}")
+                if _module(path).startswith("minivllm.engine"):
+                    mixins += [f"{_module(path)}.{node.name}({n})" for n in names if n.endswith("Mixin")]
+                    if len(names) > 1:
+                        multiple.append(f"{_module(path)}.{node.name}{tuple(names)}")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                    and len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant)):
+                target = ast.unparse(node.args[0])
+                if "runner" in target or "engine" in target or target in ("sl", "logger"):
+                    by_name.append(f"{_module(path)}:{node.lineno} getattr({target}, {ast.unparse(node.args[1])})")
+    assert mixins == [] and multiple == [] and by_name == []
 
 
 def _docstrings(tree: ast.AST) -> set[int]:

@@ -16,8 +16,8 @@ def llm(tiny_tied_model):
 
 def test_chat_is_generate_on_the_rendered_conversation(llm):
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-    text = llm.tokenizer.apply_chat_template(MSGS[:1], tokenize=False, add_generation_prompt=True)
-    want = llm.generate([llm.tokenizer.encode(text, add_special_tokens=False)], params, use_tqdm=False)
+    text = llm.get_tokenizer().apply_chat_template(MSGS[:1], tokenize=False, add_generation_prompt=True)
+    want = llm.generate([llm.get_tokenizer().encode(text, add_special_tokens=False)], params, use_tqdm=False)
     one = llm.chat(MSGS[:1], params, use_tqdm=False)
     two = llm.chat([MSGS[:1], MSGS], params, use_tqdm=False, add_generation_prompt=False, continue_final_message=False)
     assert one[0]["token_ids"] == want[0]["token_ids"] and len(two) == 2
@@ -26,9 +26,9 @@ def test_chat_is_generate_on_the_rendered_conversation(llm):
 def test_continue_final_message_and_template_kwargs(llm):
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     cont = llm.chat(MSGS, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)
-    rendered = llm.tokenizer.apply_chat_template(MSGS, tokenize=False, continue_final_message=True)
+    rendered = llm.get_tokenizer().apply_chat_template(MSGS, tokenize=False, continue_final_message=True)
     assert rendered.endswith("    return a")
-    want = llm.generate([llm.tokenizer.encode(rendered, add_special_tokens=False)], params, use_tqdm=False)
+    want = llm.generate([llm.get_tokenizer().encode(rendered, add_special_tokens=False)], params, use_tqdm=False)
     assert cont[0]["token_ids"] == want[0]["token_ids"]
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if shout %}!{% endif %}"
     loud = llm.chat(MSGS[:1], params, use_tqdm=False, chat_template=template, chat_template_kwargs={"shout": True})

@@ -35,19 +35,19 @@ def test_seeded_request_is_independent_of_its_batch(llm):
 
 
 def test_n_completions_share_the_prompt_blocks(llm):
-    prompt = llm.tokenizer.encode("# shared prompt for n completions " * 4)[:40]
+    prompt = llm.get_tokenizer().encode("# shared prompt for n completions " * 4)[:40]
     params = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True)
-    rid = llm.add_request(prompt, params)
-    seqs = llm._requests[rid].seqs
-    llm.step()
+    rid = llm.engine.add_request(prompt, params)
+    seqs = llm.engine._requests[rid].seqs
+    llm.engine.step()
     assert [s.num_cached_tokens for s in seqs] == [0, 32, 32, 32]  # two full blocks reused by 3 siblings
-    bm = llm.block_manager
+    bm = llm.engine.block_manager
     assert len({tuple(bm.block_table(s.seq_id)[:2]) for s in seqs}) == 1
     assert bm.blocks[bm.block_table(seqs[0].seq_id)[0]].ref_count == 4
     bm.check_integrity()
     final = None
-    while llm.has_unfinished_requests():
-        for o in llm.step()[0]:
+    while llm.engine.has_unfinished_requests():
+        for o in llm.engine.step()[0]:
             final = o
     assert len(final.outputs) == 4 and all(len(c.token_ids) == 8 for c in final.outputs)
     assert len({tuple(c.token_ids) for c in final.outputs}) > 1  # siblings get their own seeds
@@ -58,7 +58,7 @@ def test_n_completions_share_the_prompt_blocks(llm):
 def test_stop_string_across_two_tokens_stops_and_is_cut(llm):
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     full = llm.generate(["def compute(values):"], greedy, use_tqdm=False)[0]
-    pieces = [llm.decode([t]) for t in full["token_ids"]]
+    pieces = [llm.engine.decode([t]) for t in full["token_ids"]]
     # a boundary after token i where both sides have at least one character
     i = next(i for i in range(2, len(pieces) - 1) if pieces[i] and pieces[i + 1].strip())
     stop = pieces[i][-1] + pieces[i + 1][:2]
@@ -75,7 +75,7 @@ def test_stop_string_across_two_tokens_stops_and_is_cut(llm):
 
 
 def test_logprobs_match_transformers_log_softmax(llm, tiny_tied_model):
-    prompt = llm.tokenizer.encode("def fibonacci(n):")
+    prompt = llm.get_tokenizer().encode("def fibonacci(n):")
     out = llm.generate([prompt], SamplingParams(temperature=0.9, seed=3, max_tokens=12, ignore_eos=True,
                                                logprobs=3), use_tqdm=False)[0]
     ids = out["token_ids"]

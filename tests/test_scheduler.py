@@ -152,13 +152,14 @@ def test_the_output_is_a_frozen_snapshot():
     b.sampling_params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0, repetition_penalty=1.2)
     s.add(a), s.add(b)
     first = s.schedule()
-    assert [(r.seq_id, r.num_computed_tokens, len(r.token_ids), r.block_ids, r.prev_sampled_row, r.sampled)
-            for r in first.rows] == [(a.seq_id, 0, 20, (0, 1), -1, True), (b.seq_id, 0, 18, (2, 3), -1, True)]
+    assert [(r.seq_id, r.num_computed_tokens, len(r.token_ids), r.new_block_ids, r.prev_sampled_row, r.sampled)
+            for r in first.rows] == [(a.seq_id, 0, 20, (), -1, True), (b.seq_id, 0, 18, (), -1, True)]
     assert first.rows[0].token_ids == tuple(range(10, 30))
     assert [(x.seq_id, x.num_output_tokens) for x in first.sampled] == [(a.seq_id, 0), (b.seq_id, 0)]
-    # only rows with penalties carry token values for the sampler
-    assert first.sampled[0].penalty_token_ids is None
-    assert first.sampled[1].penalty_token_ids == (tuple(range(500, 518)), ())
+    # both are new to the runner: each comes whole, once; only a row with penalties carries token values
+    assert [(n.seq_id, n.block_ids, n.prompt_token_ids, n.output_token_ids) for n in first.new_requests] == [
+        (a.seq_id, (0, 1), None, None), (b.seq_id, (2, 3), tuple(range(500, 518)), ())]
+    assert first.new_requests[1].params is b.sampling_params
     assert a.num_computed_tokens == 20 and a.token_ids[-1] == PLACEHOLDER and a.pending_row == 0
     with pytest.raises(AttributeError):
         first.num_decode_tokens = 5
@@ -168,10 +169,76 @@ def test_the_output_is_a_frozen_snapshot():
     second = s.schedule()
     assert [(r.seq_id, r.num_computed_tokens, r.token_ids, r.prev_sampled_row) for r in second.rows] == [
         (a.seq_id, 20, (0,), 0), (b.seq_id, 18, (0,), 1)]
+    assert second.new_requests == () and second.finished_seq_ids == ()
     assert first.rows[0].num_computed_tokens == 0  # the earlier snapshot did not move
     s.update_from_output(first, [7, 8])
     s.update_from_output(second, [9, 10])
     assert a.token_ids[20:] == [7, 9] and b.token_ids[18:] == [8, 10]
+    s.check_integrity()
+
+
+def test_running_rows_carry_only_their_new_blocks_and_the_runner_hears_who_left():
+    """A sequence's block table reaches the runner once; later steps name only the blocks added since, and a
+    sequence that finished is named once, in the next step that has rows."""
+    from minivllm.core.block_manager import BlockManager
+    from minivllm.core.scheduler import Scheduler
+    from minivllm.core.sequence import Sequence
+    from minivllm.sampling_params import SamplingParams
+
+    bm = BlockManager(16, 4)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    a = Sequence(1, list(range(10, 16)), SamplingParams(max_tokens=8, ignore_eos=True, temperature=0))
+    b = Sequence(2, list(range(40, 43)), SamplingParams(max_tokens=1, ignore_eos=True, temperature=0))
+    s.add(a), s.add(b)
+    held: dict[int, list[int]] = {}  # what a runner would hold, rebuilt from the deltas alone
+    news = []
+    for _ in range(6):
+        out = s.schedule()
+        for seq_id in out.finished_seq_ids:
+            del held[seq_id]
+        for req in out.new_requests:
+            held[req.seq_id] = list(req.block_ids)
+        for row in out.rows:
+            held[row.seq_id] += row.new_block_ids
+            assert tuple(held[row.seq_id]) == bm.block_table(row.seq_id)
+        news.append(([r.seq_id for r in out.new_requests], out.finished_seq_ids,
+                     [(r.seq_id, r.new_block_ids) for r in out.rows]))
+        s.update_from_output(out, [5] * len(out.sampled))
+        s.check_integrity()
+    a_blocks = bm.block_table(1)
+    assert news[0] == ([1, 2], (), [(1, ()), (2, ())])  # b stops after its one token
+    assert news[1] == ([], (2,), [(1, ())])  # a's 7th token still fits its second block
+    assert news[2] == ([], (), [(1, ())])
+    assert news[3] == ([], (), [(1, (a_blocks[2],))])  # token 9 opens a's third block
+    assert held == {1: list(a_blocks)}
+
+
+def test_a_preempted_sequence_leaves_the_runner_and_comes_back_whole():
+    from minivllm.core.block_manager import BlockManager
+    from minivllm.core.scheduler import Scheduler
+    from minivllm.core.sequence import Sequence
+    from minivllm.sampling_params import SamplingParams
+
+    bm = BlockManager(4, 4, enable_prefix_caching=False)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=16)
+    params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0, presence_penalty=0.5)
+    a = Sequence(1, list(range(10, 17)), params)  # 7 tokens: 2 blocks
+    b = Sequence(2, list(range(20, 27)), params)
+    s.add(a), s.add(b)
+    for tokens in ([3, 4], [5, 6]):
+        out = s.schedule()
+        assert out.preempted_seq_ids == ()
+        s.update_from_output(out, tokens)
+    out = s.schedule()  # the 9th token of each needs a third block: the newer sequence is preempted
+    assert out.preempted_seq_ids == (2,) and out.finished_seq_ids == (2,)
+    s.update_from_output(out, [7])
+    while not a.is_finished:
+        out = s.schedule()
+        s.update_from_output(out, [6] * len(out.sampled))
+    out = s.schedule()  # a finished: b comes back whole, its generated token with it (it has a penalty)
+    assert out.finished_seq_ids == (1,)
+    assert [(n.seq_id, n.block_ids, n.output_token_ids) for n in out.new_requests] == [
+        (2, bm.block_table(2), (4, 6))]
     s.check_integrity()
 
 

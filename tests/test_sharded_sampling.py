@@ -156,7 +156,7 @@ def engines(odd_vocab_model):
 
 def _generate(llm: LLM, params) -> tuple[list[dict], int, int]:
     """Outputs, and how many steps rank 0 sampled sharded and through the gathered logits."""
-    runner = llm.executor.runner
+    runner = llm.engine.executor.runner
     gathered = []
     sample = runner._sample
     runner._sample = lambda *a: gathered.append(1) or sample(*a)
@@ -177,8 +177,8 @@ def _tokens(outputs: list[dict]) -> list[list[int]]:
 def test_greedy_tp2_sharded_equals_tp1(engines):
     """All-greedy steps take the sharded path."""
     one, two, _ = engines
-    assert two.executor.runner.sharded_sampling and not one.executor.runner.sharded_sampling
-    assert one.executor.runner.sampler.fused and two.executor.runner.sampler.fused
+    assert two.engine.executor.runner.sharded_sampling and not one.engine.executor.runner.sharded_sampling
+    assert one.engine.executor.runner.sampler.fused and two.engine.executor.runner.sampler.fused
     expected = _tokens(one.generate(PROMPTS, GREEDY, use_tqdm=False))
     out, sharded, gathered = _generate(two, GREEDY)
     assert _tokens(out) == expected
@@ -220,7 +220,7 @@ def test_mixed_batch_tp2_equals_tp1(engines, which):
     sharded steps' tokens to the next step on every rank."""
     one, two, two_async = engines
     llm = two_async if which == "async" else two
-    assert llm.executor.runner.share_sampled == (which == "async")
+    assert llm.engine.executor.runner.share_sampled == (which == "async")
     expected = one.generate(PROMPTS, MIXED, use_tqdm=False)
     out, sharded, gathered = _generate(llm, MIXED)
     assert _tokens(out) == _tokens(expected)

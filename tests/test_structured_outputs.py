@@ -91,12 +91,12 @@ def test_chunked_prefill_then_a_constrained_first_token():
 def test_an_invalid_constraint_is_a_value_error_naming_the_field(llm, so, field):
     with pytest.raises(ValueError, match=re.escape(field)):
         llm.generate([PROMPT, "def f("], [SamplingParams(), SamplingParams(structured_outputs=SO(**so))], use_tqdm=False)
-    assert not llm.has_unfinished_requests()  # nothing of the batch was added
+    assert not llm.engine.has_unfinished_requests()  # nothing of the batch was added
 
 
 def test_compiling_runs_off_the_engine_thread_and_is_cached():
     with LLM(DEMO, device="cpu") as llm:
-        engine = llm
+        engine = llm.engine
         gate, compiled = threading.Event(), []
         real = engine.structured.backend.compile
 
@@ -114,7 +114,7 @@ def test_compiling_runs_off_the_engine_thread_and_is_cached():
                 if out.finished:
                     done[out.request_id] = out
         assert free in done and slow not in done and compiled == []
-        assert slow in engine._awaiting_grammar
+        assert engine.structured.num_compiling == 1
         gate.set()
         while slow not in done:
             for out in engine.step()[0]:
@@ -129,7 +129,7 @@ def test_compiling_runs_off_the_engine_thread_and_is_cached():
 
 def test_aborting_a_request_that_waits_for_its_grammar():
     with LLM(DEMO, device="cpu") as llm:
-        engine = llm
+        engine = llm.engine
         gate = threading.Event()
         real = engine.structured.backend.compile
         engine.structured.backend.compile = lambda so: (gate.wait(30), real(so))[1]
@@ -137,5 +137,5 @@ def test_aborting_a_request_that_waits_for_its_grammar():
         engine.abort_request(rid)
         gate.set()
         engine.step()
-        assert not engine.has_unfinished_requests() and not engine._awaiting_grammar
+        assert not engine.has_unfinished_requests() and not engine.structured.num_compiling
         engine.scheduler.check_integrity()

@@ -40,10 +40,10 @@ def one_thread():
 
 def _run(llm: LLM, params: SamplingParams = GREEDY) -> tuple[list[list[int]], int]:
     """Greedy tokens of PROMPTS (prompt order) through the step API, and how many preemptions happened."""
-    ids = [llm.add_request(p, params) for p in PROMPTS]
+    ids = [llm.engine.add_request(p, params) for p in PROMPTS]
     done, preempted = {}, 0
     while len(done) < len(ids):
-        outputs, stats = llm.step()
+        outputs, stats = llm.engine.step()
         preempted += stats.num_preempted
         done.update({o.request_id: o.outputs[0].token_ids for o in outputs if o.finished})
     return [done[i] for i in ids], preempted
@@ -51,7 +51,7 @@ def _run(llm: LLM, params: SamplingParams = GREEDY) -> tuple[list[list[int]], in
 
 def _reference(model: str, **kw) -> tuple[list[list[int]], int]:
     with LLM(model, **KW, **kw) as llm:
-        assert llm.executor.runner.model.model.norm.tp_group is None  # TP=1: nothing to sum
+        assert llm.engine.executor.runner.model.model.norm.tp_group is None  # TP=1: nothing to sum
         return _run(llm)
 
 
@@ -100,7 +100,7 @@ def _sums_in_the_norms(runner) -> None:
 
 def test_tp2_matches_tp1_tied(tp2_tied, tiny_tied_model):
     """TP=2's greedy tokens are TP=1's, with the row-parallel sums in the norms (the only path at TP > 1)."""
-    runner = tp2_tied.executor.runner
+    runner = tp2_tied.engine.executor.runner
     attn = runner.model.model.layers[0].self_attn
     assert (attn.num_heads, attn.num_kv_heads) == (2, 1)  # 4 heads / 2 kv heads split over 2 ranks
     # the torch backend on the CPU: no Triton sampler, so every step gathers the logits to rank 0
@@ -110,9 +110,9 @@ def test_tp2_matches_tp1_tied(tp2_tied, tiny_tied_model):
 
 
 def test_tp2_matches_tp1_kv_heads_replicated(tp2_untied, tiny_untied_model):
-    qkv = tp2_untied.executor.runner.model.model.layers[0].self_attn.qkv_proj
+    qkv = tp2_untied.engine.executor.runner.model.model.layers[0].self_attn.qkv_proj
     assert (qkv.num_heads, qkv.num_kv_heads, qkv.num_kv_replicas) == (2, 1, 2)  # 1 kv head on both ranks
-    _sums_in_the_norms(tp2_untied.executor.runner)
+    _sums_in_the_norms(tp2_untied.engine.executor.runner)
     assert _run(tp2_untied)[0] == _reference(tiny_untied_model)[0]
 
 
@@ -167,14 +167,14 @@ def test_tp2_structured_outputs_match_tp1(tiny_tied_model):
 def test_tp2_chunked_prefill_small_cache(tiny_tied_model):
     ref, _ = _reference(tiny_tied_model, **CHUNKED)
     with LLM(tiny_tied_model, tensor_parallel_size=2, **KW, **CHUNKED) as llm:
-        assert llm.executor.num_kvcache_blocks == 40
+        assert llm.engine.executor.num_kvcache_blocks == 40
         out, preempted = _run(llm)
     assert preempted > 0  # the small cache forces recomputation
     assert out == ref
 
 
 def test_two_engines_at_once_then_close_leaves_nothing(tp2_tied, tp2_untied):
-    a, b = tp2_tied.executor, tp2_untied.executor
+    a, b = tp2_tied.engine.executor, tp2_untied.engine.executor
     assert a.shm.name != b.shm.name and a.init_method != b.init_method
     pids = [p.pid for p in a.procs + b.procs]
     assert all(_alive(pid) for pid in pids) and len(_our_shm()) == 2
@@ -190,23 +190,23 @@ def test_two_engines_at_once_then_close_leaves_nothing(tp2_tied, tp2_untied):
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_killed_worker_raises_clear_error(tiny_tied_model, async_scheduling):
     llm = LLM(tiny_tied_model, tensor_parallel_size=2, max_model_len=1024, async_scheduling=async_scheduling, **KW)
-    pid = llm.executor.procs[0].pid
+    pid = llm.engine.executor.procs[0].pid
     started = threading.Event()
     killer = threading.Thread(target=lambda: started.wait(30) and (time.sleep(0.02), os.kill(pid, signal.SIGKILL)))
     killer.start()
     try:
         for p in PROMPTS[:4]:
-            llm.add_request(p, SamplingParams(temperature=0, ignore_eos=True, max_tokens=900))
+            llm.engine.add_request(p, SamplingParams(temperature=0, ignore_eos=True, max_tokens=900))
         for _ in range(3):
-            llm.step()
+            llm.engine.step()
         started.set()  # the kill lands mid-step or between steps
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match=r"worker rank 1 died \(exit code -9\)"):
             while time.monotonic() - t0 < 30:
-                llm.step()
+                llm.engine.step()
         assert time.monotonic() - t0 < 30
         with pytest.raises(RuntimeError, match="rank 1 died"):  # stays failed, no hang
-            llm.step()
+            llm.engine.step()
     finally:
         killer.join()
         llm.close()
@@ -217,8 +217,8 @@ def test_rank0_error_mid_step_stops_engine(tiny_tied_model):
     """Rank 0 leaves a step half-way (workers wait in a collective): the engine stops, no garbage later."""
     llm = LLM(tiny_tied_model, tensor_parallel_size=2, **KW)
     try:
-        pids = [p.pid for p in llm.executor.procs]
-        mlp = llm.executor.runner.model.model.layers[1].mlp
+        pids = [p.pid for p in llm.engine.executor.procs]
+        mlp = llm.engine.executor.runner.model.model.layers[1].mlp
 
         def boom(x):
             raise KeyboardInterrupt
@@ -240,7 +240,7 @@ import json, os, signal, sys
 from minivllm import LLM, SamplingParams
 llm = LLM(sys.argv[1], tensor_parallel_size=2, device="cpu", dtype="float32")
 llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
-print(json.dumps({"pids": [p.pid for p in llm.executor.procs], "shm": llm.executor.shm.name}), flush=True)
+print(json.dumps({"pids": [p.pid for p in llm.engine.executor.procs], "shm": llm.engine.executor.shm.name}), flush=True)
 if sys.argv[2] == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -317,7 +317,7 @@ prompts = {PROMPTS[:3]!r}
 out = {{}}
 for tp in (1, 2):
     with LLM({tiny_tied_model!r}, device="cpu", dtype="float32", tensor_parallel_size=tp) as llm:
-        assert llm.executor.runner.sharded_sampling is False
+        assert llm.engine.executor.runner.sharded_sampling is False
         out[tp] = [o["token_ids"] for o in llm.generate(prompts, greedy, use_tqdm=False)]
 print(json.dumps(out))
 """

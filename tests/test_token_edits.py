@@ -20,9 +20,9 @@ def _logits(rows: int, seed: int = 0) -> torch.Tensor:  # [rows, V]
     return torch.randn(rows, V, generator=torch.Generator().manual_seed(seed)) * 2
 
 
-def _sample(params, logits, outputs=None, fused=False):
+def _sample(params, logits, outputs=None, fused=False, bad_words=None):
     outputs = outputs if outputs is not None else [[] for _ in params]
-    md = build_sampling_metadata(params, [[] for _ in params], outputs, [], "cpu", V)
+    md = build_sampling_metadata(params, [[] for _ in params], outputs, [], "cpu", V, bad_words=bad_words)
     return Sampler(fused=fused)(logits, md).sampled_token_ids, md
 
 
@@ -74,11 +74,12 @@ def test_bad_words_ban_a_single_token_always_and_a_longer_word_after_its_prefix(
     logits = torch.zeros(1, V)
     logits[0, 5] = 10  # the favourite
     p = SamplingParams(temperature=0)
-    p.bad_words_token_ids = [[5], [8, 9]]
+    words = [[5], [8, 9]]
     logits[0, 9] = 9  # second favourite: banned only right after token 8
-    assert _sample([p], logits, outputs=[[1, 2]])[0].item() == 9
-    assert _sample([p], logits, outputs=[[1, 8]])[0].item() not in (5, 9)
-    assert filtered_probs(logits[0], p, output_token_ids=[1, 8])[9] == 0
+    assert _sample([p], logits, outputs=[[1, 2]], bad_words=[words])[0].item() == 9
+    assert _sample([p], logits, outputs=[[1, 8]], bad_words=[words])[0].item() not in (5, 9)
+    assert filtered_probs(logits[0], p, output_token_ids=[1, 8], bad_words=words)[9] == 0
+    assert filtered_probs(logits[0], p, output_token_ids=[1, 2], bad_words=words)[9] > 0
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def test_engine_logit_bias_allowed_ids_and_bad_words(llm):
     allowed = llm.generate([prompt], SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=1,
                                                     allowed_token_ids=[10, 11, 12]))[0]["token_ids"]
     assert set(allowed) <= {10, 11, 12}
-    word = llm.tokenizer.decode([plain[0]])
+    word = llm.get_tokenizer().decode([plain[0]])
     banned = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
                                                    bad_words=[word]))[0]["token_ids"]
     assert plain[0] not in banned
@@ -118,7 +119,7 @@ def test_bad_values_name_the_parameter(kwargs, message):
 
 
 def test_token_ids_outside_the_vocabulary_name_the_parameter(llm):
-    vocab = llm.config.model_config.arch.vocab_size
+    vocab = llm.engine.config.model_config.arch.vocab_size
     for name, value in (("logit_bias", {vocab: 1.0}), ("allowed_token_ids", [0, vocab + 3])):
         with pytest.raises(ValueError, match=name):
             llm.generate(["x"], SamplingParams(**{name: value}))
@@ -127,11 +128,19 @@ def test_token_ids_outside_the_vocabulary_name_the_parameter(llm):
 def test_a_bad_word_of_two_tokens_under_asynchronous_scheduling(tiny_tied_model):
     """The ban of a word's last token reads the token just generated, whose value is still on its way under
     asynchronous scheduling: the engine lets that step report first."""
+    from dataclasses import replace
+
     with LLM(tiny_tied_model, device="cpu", max_model_len=128, async_scheduling=True) as llm:
         params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
         plain = llm.generate(["def f(x):"], params, use_tqdm=False)[0]["token_ids"]
-        banned = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-        banned.bad_words_token_ids = [plain[:2]]  # NOTE: as the engine derives them from bad_words
-        assert banned.needs_output_tokens
-        out = llm.generate(["def f(x):"], banned, use_tqdm=False)[0]["token_ids"]
+        engine = llm.engine
+        # NOTE: the bad word's token ids given as the engine derives them from `bad_words`, so that the word
+        # is exactly the first two tokens generated without it
+        request = replace(engine.processor.process("def f(x):", params), bad_words_token_ids=(tuple(plain[:2]),))
+        rid = engine._add(request)
+        assert engine._requests[rid].seqs[0].reads_output_values
+        finals = []
+        while engine.has_unfinished_requests():
+            finals += [o for o in engine.step()[0] if o.finished]
+    out = finals[0].outputs[0].token_ids
     assert out[0] == plain[0] and out[1] != plain[1]

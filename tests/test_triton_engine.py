@@ -13,11 +13,11 @@ def test_triton_backend_matches_torch_backend_with_chunks_and_decode(tiny_tied_m
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompts = ["def hello(x):", "import os\nimport sys", "a" * 40, "x"]
     with LLM(tiny_tied_model, device="cpu") as llm:
-        assert not llm.executor.runner.sampler.fused  # the torch sampler where Triton does not run
+        assert not llm.engine.executor.runner.sampler.fused  # the torch sampler where Triton does not run
         ref = llm.generate(prompts, params, use_tqdm=False)
     # a small budget forces chunked prefill mixed with decode rows in one launch
     with LLM(tiny_tied_model, device="cpu", attention_backend="triton", max_num_batched_tokens=16) as tri:
-        assert tri.executor.runner.sampler.fused  # the Triton backend samples with the fused Gumbel kernel
+        assert tri.engine.executor.runner.sampler.fused  # the Triton backend samples with the fused Gumbel kernel
         got = tri.generate(prompts, params, use_tqdm=False)
     assert [o["token_ids"] for o in got] == [o["token_ids"] for o in ref]
 
@@ -32,10 +32,10 @@ def test_triton_backend_stores_kv_in_the_rope_kernel_with_prefix_hits(tiny_model
         ref = llm.generate(prompts, params, use_tqdm=False)
     with LLM(tiny_model, device="cpu", attention_backend="triton", max_num_batched_tokens=32) as tri:
         got = tri.generate(prompts[:1], params, use_tqdm=False)
-        ids, hits = [tri.add_request(p, params) for p in prompts[1:]], 0
+        ids, hits = [tri.engine.add_request(p, params) for p in prompts[1:]], 0
         done = {}
         while len(done) < len(ids):
-            outputs, stats = tri.step()
+            outputs, stats = tri.engine.step()
             hits += stats.prefix_cache_hit_tokens
             done.update({o.request_id: o.to_dict() for o in outputs if o.finished})
     got += [done[i] for i in ids]

@@ -41,8 +41,8 @@ def test_bad_prompts_raise_and_engine_stays_usable(llm, prompt, params, match):
     with pytest.raises(ValueError, match=match):
         llm.generate([prompt], params, use_tqdm=False)
     with pytest.raises(ValueError, match=match):
-        llm.add_request(prompt, params)
-    assert not llm.has_unfinished_requests() and llm.scheduler.is_finished()
+        llm.engine.add_request(prompt, params)
+    assert not llm.engine.has_unfinished_requests() and llm.engine.scheduler.is_finished()
     out = llm.generate(["def f():"], OK, use_tqdm=False)
     assert len(out[0]["token_ids"]) == 4
 
@@ -50,7 +50,7 @@ def test_bad_prompts_raise_and_engine_stays_usable(llm, prompt, params, match):
 def test_one_bad_prompt_in_a_batch_adds_nothing(llm):
     with pytest.raises(ValueError):
         llm.generate(["fine", [99999]], OK, use_tqdm=False)
-    assert llm.scheduler.is_finished()
+    assert llm.engine.scheduler.is_finished()
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -200,7 +200,7 @@ def test_model_may_be_a_path(tiny_tied_model):
     from pathlib import Path
 
     with LLM(Path(tiny_tied_model), device="cpu", max_model_len=128) as llm:
-        assert llm.config.model_config.model == tiny_tied_model
+        assert llm.engine.config.model_config.model == tiny_tied_model
 
 
 @pytest.mark.parametrize("device, expected", [("cpu", False), ("cuda", True)])
@@ -247,9 +247,9 @@ def test_core_and_config_do_not_import_torch_or_numpy():
 
 
 def test_ids_past_the_tokenizer_vocab_decode_to_nothing(llm):
-    n = len(llm.tokenizer)
-    assert llm.config.model_config.arch.vocab_size > n  # the model's vocab is larger, as in Qwen3
-    assert llm.decode([5, n, llm.config.model_config.arch.vocab_size - 1, 6]) == llm.decode([5, 6])
+    n = len(llm.get_tokenizer())
+    assert llm.engine.config.model_config.arch.vocab_size > n  # the model's vocab is larger, as in Qwen3
+    assert llm.engine.decode([5, n, llm.engine.config.model_config.arch.vocab_size - 1, 6]) == llm.engine.decode([5, 6])
     out = llm.generate([[5, 6, n + 1]], OK, use_tqdm=False)[0]  # such ids are valid prompt tokens
     assert len(out["token_ids"]) == 4 and isinstance(out["text"], str)
 
@@ -268,7 +268,7 @@ def test_triton_on_the_cpu_needs_the_interpreter(monkeypatch, llm):
     assert cpu.device_config.attention_backend == "torch" and not cpu.device_config.triton_sampling
     assert DeviceConfig(device="cuda").attention_backend == "triton" and DeviceConfig(device="cuda").triton_sampling
     assert DeviceConfig(device="cuda", attention_backend="torch").triton_sampling
-    assert llm.executor.runner.sampler.fused is False  # the CPU with the torch backend: no Triton sampler
+    assert llm.engine.executor.runner.sampler.fused is False  # the CPU with the torch backend: no Triton sampler
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     interpreted = create(attention_backend="triton")
     assert interpreted.envs.triton_interpret and interpreted.device_config.triton_sampling

@@ -118,7 +118,7 @@ def bench_nano(tokenizer_dir: str, repeat: int, fraction: float, num_requests: i
     every = round(1 / fraction)
     so = StructuredOutputsParams(json=RECORDS)
     llm = LLM(model_dir(tokenizer_dir), load_format="dummy", max_model_len=spec["max_model_len"])
-    llm.structured.prepare(so)  # the tokenizer view and the grammar, before the clock starts
+    llm.engine.structured.prepare(so)  # the tokenizer view and the grammar, before the clock starts
     llm.generate([[11, 22, 33, 44]], SamplingParams(), use_tqdm=False)
 
     def run(constrained: bool, lengths: list[int], shift: int) -> dict:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 
 from minivllm.core.block_manager import BlockManager
-from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.core.scheduler_output import NewRequestData, ScheduledRow, SchedulerOutput
 from minivllm.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
-from minivllm.core.snapshot import snapshot
 from minivllm.core.stop import check_stop, ends_by_length
 
 __all__ = ["Scheduler", "SchedulerOutput"]
+
+# NOTE: a ScheduledRow (a SchedulerOutput) from a tuple of its fields in order, without the NamedTuple's
+# keyword-handling __new__: one per row per step
+_row = functools.partial(tuple.__new__, ScheduledRow)
+_output = functools.partial(tuple.__new__, SchedulerOutput)
+
 
 class Scheduler:
     """Decides, each step, which sequences compute how many tokens.
@@ -26,7 +32,9 @@ class Scheduler:
 
     ``schedule`` returns a frozen ``SchedulerOutput`` and accounts for the step at once (computed
     counts advance, each sampled row appends a placeholder token); ``update_from_output`` later writes
-    the step's sampled tokens and finishes the sequences that stop.
+    the step's sampled tokens and finishes the sequences that stop. The output is a delta against what the
+    runner already holds: the scheduler remembers how many block ids of each running sequence it has sent
+    (``_runner_blocks``) and which sequences left since the last output (``_gone``).
     """
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
@@ -52,6 +60,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence, by id
         self.num_preemptions = 0
+        self._runner_blocks: dict[int, int] = {}  # seq id -> block ids the runner holds (sent in earlier outputs)
+        self._gone: list[int] = []  # sequences the runner held that left the running set since the last output
 
     # ----------------------------------------------------------------- queues
     def add(self, seq: Sequence) -> None:
@@ -138,14 +148,86 @@ class Scheduler:
             scheduled.append((seq, num_new))
             scheduled_ids.add(seq.seq_id)
             budget -= num_new
-        return snapshot(scheduled, preempted, num_cached, num_admitted, self.block_manager.block_table)
+        return self._output(scheduled, preempted, num_cached, num_admitted)
+
+    def _output(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence], num_cached: int,
+                num_admitted: int) -> SchedulerOutput:
+        """The step's frozen output of the ``(sequence, new tokens)`` rows ``scheduled``; then advance each row's
+        computed count and give each sampled row a placeholder for its token (its value arrives with
+        ``update_from_output``)."""
+        rows: list[ScheduledRow] = []
+        sampled: list[ScheduledRow] = []
+        new: list[NewRequestData] = []
+        num_prefill = num_decode = 0
+        tables, known = self.block_manager.block_table, self._runner_blocks
+        for seq, n in scheduled:
+            seq_id, start, tokens = seq.seq_id, seq.num_computed_tokens, seq.token_ids
+            num_tokens = len(tokens)
+            prev_row = -1
+            if n == 1:
+                token = tokens[start]
+                if token == PLACEHOLDER:
+                    if start != num_tokens - 1:
+                        raise RuntimeError(f"only the newest placeholder can be an input: {seq}")
+                    token, prev_row = 0, seq.pending_row
+                ids = (token,)
+            else:
+                if start + n > num_tokens - seq.num_pending_tokens:
+                    raise RuntimeError(f"a chunk of {n} tokens reaches a pending placeholder: {seq}")
+                ids = tuple(tokens[start:start + n])
+            if num_tokens - start > 1:
+                num_prefill += n
+            else:
+                num_decode += n
+            table = tables(seq_id)
+            held = known.get(seq_id)
+            if held is None:
+                new.append(self._new_request(seq, table))
+                new_blocks = ()
+            else:
+                new_blocks = table[held:] if len(table) > held else ()
+            known[seq_id] = len(table)
+            seq.num_computed_tokens = start + n
+            prompt_lps = seq.prompt_logprob_targets(start, n) if seq.prompt_logprobs is not None else None
+            if start + n < num_tokens:
+                rows.append(_row((seq_id, start, ids, new_blocks, prev_row, False, 0, None, prompt_lps)))
+                continue
+            tail = seq.output_tail() if seq.reads_output_values else None
+            row = _row((seq_id, start, ids, new_blocks, prev_row, True, num_tokens - seq.num_prompt_tokens, tail,
+                        prompt_lps))
+            rows.append(row)
+            seq.append_placeholder(len(sampled))
+            sampled.append(row)
+        gone = ()
+        if rows:  # NOTE: an empty step is never launched, so its news would not reach the runner
+            gone, self._gone = tuple(self._gone), []
+        return _output((tuple(rows), tuple(sampled), tuple(new), gone, num_prefill, num_decode,
+                        tuple(s.seq_id for s in preempted), num_cached, num_admitted))
+
+    @staticmethod
+    def _new_request(seq: Sequence, table: tuple[int, ...]) -> NewRequestData:
+        """What the runner keeps of a sequence it has not seen; the token values sampling reads only if it does."""
+        params = seq.sampling_params
+        prompt = output = None
+        if params.has_penalties:
+            # NOTE: all known: a sequence waits for its pending token before it runs again after a preemption
+            output = tuple(seq.token_ids[seq.num_prompt_tokens:])
+            if params.repetition_penalty != 1.0:
+                prompt = tuple(seq.token_ids[:seq.num_prompt_tokens])
+        return NewRequestData(seq.seq_id, params, table, prompt, output, seq.bad_words_token_ids)
 
     def _pick_victim(self, seq: Sequence, scheduled_ids: set[int]) -> Sequence:
         """The unscheduled running sequence (or ``seq`` itself) with the fewest computed tokens, newest first."""
         candidates = [s for s in self.running if s.seq_id not in scheduled_ids]
         return min(candidates, key=lambda s: (s.num_computed_tokens, -s.seq_id))
 
+    def _forget(self, seq: Sequence) -> None:
+        """The runner may drop ``seq`` (it left the running set): named in the next output."""
+        if self._runner_blocks.pop(seq.seq_id, None) is not None:
+            self._gone.append(seq.seq_id)
+
     def _preempt(self, seq: Sequence) -> None:
+        self._forget(seq)
         self.block_manager.free(seq)
         self.running.remove(seq)
         seq.status = SequenceStatus.WAITING
@@ -186,6 +268,7 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
+        self._forget(seq)
         self.block_manager.free(seq)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
@@ -215,4 +298,8 @@ class Scheduler:
         assert set(ids) == self.seqs.keys(), "the id map and the queues disagree"
         holders = {s.seq_id for s in self.running}
         assert self.block_manager.seq_ids <= holders, "a sequence off the running list holds blocks"
+        assert self._runner_blocks.keys() <= holders, "the runner is told of a sequence that is not running"
+        assert not set(self._gone) & self._runner_blocks.keys(), "a sequence both held and gone"
+        for seq_id, n in self._runner_blocks.items():
+            assert n <= len(self.block_manager.block_table(seq_id)), f"sequence {seq_id}: runner holds {n} blocks"
         return self.block_manager.check_integrity()

@@ -1,7 +1,13 @@
 """What the scheduler decides for one step, as a frozen snapshot: the runner reads it, never a ``Sequence``.
 
-Pure Python. Built by ``Scheduler.schedule`` after the step's rows are allocated and accounted for, so the
-sequences may change afterwards (the next step's scheduling, a stop, an abort) without touching it.
+Pure Python. The runner keeps a persistent batch (``worker/input_batch.py``), so a step carries only what
+changed since the last one, as in vLLM V1: a sequence the runner has not seen comes whole, once
+(``NewRequestData``: its parameters and its whole block table); every scheduled row, new or running, carries
+its delta (``ScheduledRow``: the tokens it computes this step and the blocks added since the runner's last
+view, vLLM's ``CachedRequestData``); and sequences that left the running set (finished, aborted or
+preempted) are named once in ``finished_seq_ids`` so the runner can forget them. Built by
+``Scheduler.schedule`` after the step's rows are allocated and accounted for, so the sequences may change
+afterwards without touching it.
 """
 
 from __future__ import annotations
@@ -11,38 +17,47 @@ from typing import NamedTuple
 from minivllm.sampling_params import SamplingParams
 
 
-class ScheduledSeq(NamedTuple):
-    """One row of the step: a sequence computing ``len(token_ids)`` new tokens.
+class NewRequestData(NamedTuple):
+    """A sequence the runner has not seen: new, or running again after a preemption. Sent once."""
 
-    A sampled row (``params`` set) also carries what sampling needs; only rows that read token
-    values (``penalty_token_ids``: the prompt's and the output's), since only penalties and bad words of
-    several tokens read them.
-    """
+    seq_id: int
+    params: SamplingParams  # the engine's copy of the request's parameters
+    block_ids: tuple[int, ...]  # its whole block table after this step's allocation
+    # the token ids sampling reads, only when it reads them: the prompt's for a repetition penalty, the
+    # generated ones for any penalty (a sequence back from a preemption); None otherwise
+    prompt_token_ids: tuple[int, ...] | None
+    output_token_ids: tuple[int, ...] | None
+    # each bad word's token ids (derived by the engine's tokenizer from ``params.bad_words``)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+
+
+class ScheduledRow(NamedTuple):
+    """One row of the step: a sequence computing ``len(token_ids)`` new tokens."""
 
     seq_id: int
     num_computed_tokens: int  # tokens whose K/V are already cached: the first new token's position
     token_ids: tuple[int, ...]  # the new tokens (0 where ``prev_sampled_row`` gives the value)
-    block_ids: tuple[int, ...]  # the sequence's whole block table after this step's allocation
+    new_block_ids: tuple[int, ...]  # blocks added to its table since the runner's last view
     prev_sampled_row: int  # >= 0: the one new token is that row of the previous step's sampled tokens
-    params: SamplingParams | None  # None: not sampled (a chunk of a prompt that goes on)
+    sampled: bool  # every token is computed after this step: the row's last token is sampled
     num_output_tokens: int  # tokens generated before this step's (the seed's step, min_tokens)
-    penalty_token_ids: tuple[tuple[int, ...], tuple[int, ...]] | None
+    # the newest generated tokens, for a sampled row whose multi-token bad words read them (at most the
+    # longest bad word's length minus one); None otherwise
+    output_tail: tuple[int, ...] | None = None
     # (k, targets): the row's new tokens at positions p with p + 1 < prompt length also give the logprob of
     # prompt token p + 1 (``targets``, in order) and its k most likely alternatives; None: no prompt logprobs
     prompt_logprobs: tuple[int, tuple[int, ...]] | None = None
 
-    @property
-    def sampled(self) -> bool:
-        """Every token is computed after this step: the row's last token is sampled."""
-        return self.params is not None
-
 
 class SchedulerOutput(NamedTuple):
     """One step: ``rows`` in batch order, the ``sampled`` ones among them (the order of the step's sampled
-    tokens), and the step's counts. Immutable (a tuple)."""
+    tokens), the sequences the runner sees for the first time, the ones it may forget, and the step's counts.
+    Immutable (a tuple)."""
 
-    rows: tuple[ScheduledSeq, ...] = ()
-    sampled: tuple[ScheduledSeq, ...] = ()
+    rows: tuple[ScheduledRow, ...] = ()
+    sampled: tuple[ScheduledRow, ...] = ()
+    new_requests: tuple[NewRequestData, ...] = ()
+    finished_seq_ids: tuple[int, ...] = ()  # left the running set since the last step (before ``new_requests``)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     preempted_seq_ids: tuple[int, ...] = ()

@@ -37,7 +37,8 @@ class Sequence:
     """
 
     def __init__(self, seq_id: int, token_ids: list[int], sampling_params: SamplingParams | None = None,
-                 request_id: str | None = None, prompt_logprobs: int | None = None):
+                 request_id: str | None = None, prompt_logprobs: int | None = None,
+                 bad_words_token_ids: tuple[tuple[int, ...], ...] = ()):
         if not token_ids:
             raise ValueError("a sequence needs at least one token")
         self.seq_id = seq_id
@@ -57,6 +58,10 @@ class Sequence:
         # NOTE: set on one sequence of a request that asks for prompt logprobs (the top-k count): its prompt is
         # computed, never read from the prefix cache, and each chunk's logprobs reported
         self.prompt_logprobs = prompt_logprobs
+        # each bad word's token ids, derived from ``sampling_params.bad_words`` by the engine's tokenizer; one of
+        # several tokens bans its last token after the others, so sampling reads the newest generated values
+        self.bad_words_token_ids = bad_words_token_ids
+        self.bad_word_context = max((len(w) - 1 for w in bad_words_token_ids), default=0)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -106,6 +111,16 @@ class Sequence:
     @property
     def num_known_completion_tokens(self) -> int:
         return len(self.token_ids) - self.num_pending_tokens - self.num_prompt_tokens
+
+    @property
+    def reads_output_values(self) -> bool:
+        """Sampling reads the values of its newest generated tokens on the host (bad words of several tokens)."""
+        return self.bad_word_context > 0
+
+    def output_tail(self) -> tuple[int, ...]:
+        """The newest generated tokens a multi-token bad word can end with (all known: see ``reads_output_values``)."""
+        start = max(self.num_prompt_tokens, len(self.token_ids) - self.bad_word_context)
+        return tuple(self.token_ids[start:])
 
     def prompt_logprob_targets(self, start: int, n: int) -> tuple[int, tuple[int, ...]] | None:
         """``(k, targets)`` of a chunk of ``n`` tokens from ``start``: position ``p`` of it gives the logprob of

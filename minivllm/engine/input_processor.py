@@ -1,21 +1,68 @@
-"""Checking and tokenizing what a caller submits (a mixin of LLMEngine): prompts as text or token ids, and the
-request's parameters against this engine's model and tokenizer."""
+"""InputProcessor (vLLM V1's Processor): checks and tokenizes what a caller submits, once, and copies it.
+
+The engine keeps its own copy of every request's ``SamplingParams``: the caller's object is never changed and
+may be reused or changed after the call. What the engine derives from a request (its prompt's token ids, each
+bad word's token ids) is kept beside that copy on the ``EngineRequest``, not written into it.
+"""
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass, replace
+
+from minivllm.config import Config
+from minivllm.engine.structured_output import StructuredOutputManager
+from minivllm.engine.tokenizer import bad_words_token_ids
 from minivllm.sampling_params import SamplingParams
 
 
-class InputProcessorMixin:
-    """``_tokenize`` and ``_validate`` for an engine with ``tokenizer``, ``config`` and ``structured`` (its
-    ``StructuredOutputManager``, None without a tokenizer)."""
+@dataclass(frozen=True)
+class EngineRequest:
+    """A checked request, ready for the scheduler: the prompt's text (None when given as token ids) and token
+    ids (cut to ``truncate_prompt_tokens``), the engine's copy of its parameters, and each bad word's token ids."""
 
-    def _tokenize(self, prompt: str | list[int], params: SamplingParams | None = None) -> tuple[str | None, list[int]]:
-        """``(text or None, token ids)`` of a prompt, cut to its last ``params.truncate_prompt_tokens`` (as vLLM)."""
-        text, ids = self._encode(prompt)
-        if params is not None and params.truncate_prompt_tokens is not None:
-            ids = ids[-params.truncate_prompt_tokens:]
-        return text, ids
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+
+
+class InputProcessor:
+    """Turns ``(prompt, params)`` into an ``EngineRequest`` for one engine's model and tokenizer (None: prompts
+    must be token ids); ``structured``: the engine's grammar manager (None without a tokenizer). Raises ValueError
+    naming the parameter for any bad input, before the engine changes."""
+
+    def __init__(self, config: Config, tokenizer, structured: StructuredOutputManager | None):
+        self.tokenizer, self.structured = tokenizer, structured
+        self.max_model_len = config.model_config.max_model_len
+        self.vocab_size = config.model_config.arch.vocab_size
+
+    def process(self, prompt: str | list[int], params: SamplingParams | None = None,
+                strict_length: bool = False) -> EngineRequest:
+        """Check and tokenize one request. ``strict_length`` (the OpenAI server) also rejects a request whose
+        prompt plus ``max_tokens`` exceeds ``max_model_len``, instead of cutting it at that length."""
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        # NOTE: replace() checks the parameters again (the caller may have changed them since they were built);
+        # the deep copy shares nothing with the caller's object
+        params = copy.deepcopy(replace(params))
+        text, token_ids = self._encode(prompt)
+        if params.truncate_prompt_tokens is not None:
+            token_ids = token_ids[-params.truncate_prompt_tokens:]
+        self._validate(token_ids, params)
+        if strict_length and params.max_tokens is not None:
+            total = len(token_ids) + params.max_tokens
+            if total > self.max_model_len:
+                raise ValueError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                    f"{total} tokens ({len(token_ids)} in the prompt, {params.max_tokens} in the completion). "
+                    f"Please reduce the length of the prompt or the completion.")
+        words = ()
+        if params.bad_words:
+            words = tuple(tuple(w) for w in bad_words_token_ids(self.tokenizer, params.bad_words))
+        return EngineRequest(text, token_ids, params, words)
 
     def _encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -32,15 +79,13 @@ class InputProcessorMixin:
         raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if not token_ids:
             raise ValueError("the prompt is empty: it must have at least one token")
-        max_len = self.config.model_config.max_model_len
+        max_len = self.max_model_len
         if len(token_ids) >= max_len:  # NOTE: before the walk over the ids below
             raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is {max_len}: "
                              f"it must be shorter to leave room for at least one generated token")
-        vocab = self.config.model_config.arch.vocab_size
+        vocab = self.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
@@ -54,7 +99,3 @@ class InputProcessorMixin:
             if self.structured is None:
                 raise ValueError("structured_outputs needs a tokenizer, and this checkpoint has none")
             self.structured.validate(params.structured_outputs)
-        if params.max_tokens is not None and params.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
-        if params.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {params.temperature}")

@@ -1,10 +1,13 @@
-"""LLMEngine: joins the scheduler (bookkeeping) and the model runner (tensors); tokenizes and detokenizes."""
+"""LLMEngine: one engine step, from scheduling to outputs. It joins the scheduler (bookkeeping), the executor
+(tensors), the grammars of structured outputs, tokenizing and detokenizing."""
 
 from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import replace
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
 from itertools import count
 
 from minivllm.config import Config
@@ -13,17 +16,41 @@ from minivllm.core.scheduler import Scheduler
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.sequence import Sequence
 from minivllm.engine.detokenizer import IncrementalDetokenizer, special_token_ids
-from minivllm.engine.generate import GenerateMixin
-from minivllm.engine.input_processor import InputProcessorMixin
+from minivllm.engine.input_processor import EngineRequest, InputProcessor
+from minivllm.engine.progress import ThroughputMeter
 from minivllm.engine.request_state import RequestState
-from minivllm.engine.structured_output import StructuredOutputManager, StructuredOutputMixin
-from minivllm.engine.tokenizer import bad_words_token_ids, load_tokenizer
+from minivllm.engine.structured_output import GrammarBitmask, StructuredOutputManager
+from minivllm.engine.tokenizer import load_tokenizer
 from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
+from minivllm.worker.executor import create_executor
+from minivllm.worker.model_runner import Forward
+from minivllm.worker.step_handle import StepHandle
 
 
-class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
-    """The offline engine: ``add_request`` / ``step`` / ``is_finished``, and ``generate`` on top."""
+@dataclass
+class InFlightStep:
+    """The step launched last, whose tokens have not reached the requests yet.
+
+    Its phase: *queued* while only its forward is (a sampled row is under a grammar, so sampling waits for the
+    rows' masks, ``masks``, filled on the mask thread while the forward runs); *sampled* once its tokens are
+    on their way to the host (``tokens``). With asynchronous scheduling the next ``step()`` launches the next
+    step before it takes these tokens; it samples a queued step first, since the next forward reads its tokens
+    on the device.
+    """
+
+    sched: SchedulerOutput
+    forward: Forward | None  # until sampled
+    masks: Future[GrammarBitmask | None] | None = None  # the grammar masks being filled (a queued step)
+    tokens: StepHandle | None = None  # once sampled
+
+    @property
+    def phase(self) -> str:
+        return "sampled" if self.tokens is not None else "queued"
+
+
+class LLMEngine:
+    """The offline engine: ``add_request`` / ``step`` / ``has_unfinished_requests``, and ``run_batch`` on top."""
 
     def __init__(self, model: str, **kwargs):
         self.config = config = Config.create(model, **kwargs)
@@ -31,8 +58,6 @@ class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
             raise ValueError("data_parallel_size > 1: one engine is one replica; LLM(model, data_parallel_size=N) "
                              "and `minivllm serve --data-parallel-size N` run N of them on Ray")
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
-        from minivllm.worker.executor import create_executor
-
         self.executor = create_executor(config)
         self.num_kvcache_blocks = self.executor.num_kvcache_blocks
         self.tokenizer = load_tokenizer(mc.model)
@@ -50,19 +75,20 @@ class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
             long_prefill_threshold=sc.long_prefill_threshold)
         self.structured = None if self.tokenizer is None else StructuredOutputManager(
             self.tokenizer, mc.arch.vocab_size, eos, config.structured_outputs_config)
-        self._awaiting_grammar: dict[str, tuple[RequestState, object]] = {}  # request id -> (state, compile future)
+        self.processor = InputProcessor(config, self.tokenizer, self.structured)
+        self.async_scheduling = sc.async_scheduling
         self._requests: dict[str, RequestState] = {}
         self._seq_to_request: dict[int, tuple[RequestState, int]] = {}
-        # asynchronous scheduling: the launched step whose tokens are not on the host yet
-        self._inflight: tuple[SchedulerOutput, object] | None = None
-        self._pending = None  # a step whose forward runs while its grammar masks are filled (StructuredOutputMixin)
-        self._penalized: set[str] = set()  # live requests whose sampling reads their token values (penalties, bad words)
+        self._in_flight: InFlightStep | None = None
+        # live requests whose sampling reads token values on the host (bad words of several tokens)
+        self._value_readers: set[str] = set()
         self._ids = count()
         self._seq_ids = count()
         # NOTE: a finalizer (not atexit.register(self.close)) so a dropped engine can be collected;
         # it also runs at interpreter exit.
         self._finalizer = weakref.finalize(self, _close, self.executor, self.structured)
 
+    # --------------------------------------------------------------- requests
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
                     request_id: str | None = None, stream: bool = False, strict_length: bool = False) -> str:
         """Queue a prompt; returns its request id. Raises ValueError (engine unchanged) on bad input.
@@ -71,59 +97,54 @@ class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
         finished). ``strict_length=True`` (the OpenAI server) also rejects a request whose prompt
         plus ``max_tokens`` exceeds ``max_model_len``, instead of cutting it at that length.
         """
-        params = sampling_params or SamplingParams()
-        text, token_ids = self._tokenize(prompt, params)
-        if strict_length and params.max_tokens is not None:
-            total, limit = len(token_ids) + params.max_tokens, self.config.model_config.max_model_len
-            if total > limit:
-                raise ValueError(
-                    f"This model's maximum context length is {limit} tokens. However, you requested {total} "
-                    f"tokens ({len(token_ids)} in the prompt, {params.max_tokens} in the completion). Please "
-                    f"reduce the length of the prompt or the completion.")
-        return self._add(text, token_ids, params, request_id, stream)
-
-    def _add(self, text: str | None, token_ids: list[int], params: SamplingParams,
-             request_id: str | None = None, stream: bool = False) -> str:
-        self._validate(token_ids, params)
-        if params.bad_words and not params.bad_words_token_ids:  # NOTE: derived once, by this engine's tokenizer
-            params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self._requests:
+        if request_id is not None and request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        req = RequestState(request_id, text, token_ids, params, stream)
+        return self._add(self.processor.process(prompt, sampling_params, strict_length), request_id, stream)
+
+    def _add(self, request: EngineRequest, request_id: str | None = None, stream: bool = False) -> str:
+        """Queue a processed request: one sequence per completion, scheduled now or once its grammar compiled."""
+        params = request.params
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        req = RequestState(request_id, request.prompt, request.prompt_token_ids, params, stream)
         for i in range(params.n):
             p = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
-            seq = Sequence(next(self._seq_ids), token_ids, p,
+            seq = Sequence(next(self._seq_ids), request.prompt_token_ids, p,
                            request_id=f"{request_id}-{i}" if params.n > 1 else request_id,
-                           prompt_logprobs=params.prompt_logprobs if i == 0 else None)
-            needs_detok = stream or bool(p.stop_strings)
+                           prompt_logprobs=params.prompt_logprobs if i == 0 else None,
+                           bad_words_token_ids=request.bad_words_token_ids)
             req.seqs.append(seq)
             req.detoks.append(IncrementalDetokenizer(
-                self.tokenizer, token_ids, skip_special_tokens=p.skip_special_tokens, stop=p.stop_strings,
-                include_stop_str_in_output=p.include_stop_str_in_output, min_tokens=p.min_tokens,
-                special_ids=self.special_ids) if needs_detok and self.tokenizer is not None else None)
-        for i, seq in enumerate(req.seqs):
+                self.tokenizer, request.prompt_token_ids, skip_special_tokens=p.skip_special_tokens,
+                stop=p.stop_strings, include_stop_str_in_output=p.include_stop_str_in_output,
+                min_tokens=p.min_tokens, special_ids=self.special_ids)
+                if (stream or p.stop_strings) and self.tokenizer is not None else None)
             self._seq_to_request[seq.seq_id] = (req, i)
         self._requests[request_id] = req
         so = params.structured_outputs
         if so is not None and not self.structured.cached(so):
-            # NOTE: compiled on the grammar thread; the request joins the scheduler when it is ready (step)
-            self._awaiting_grammar[request_id] = (req, self.structured.submit(so))
+            self.structured.submit(request_id, so)  # NOTE: joins the scheduler once compiled (step)
         else:
             self._schedule(req, self.structured.prepare(so) if so is not None else None)
-        if params.needs_output_tokens:
-            self._penalized.add(request_id)
+        if req.seqs[0].reads_output_values:
+            self._value_readers.add(request_id)
         return request_id
+
+    def _schedule(self, req: RequestState, grammar) -> None:
+        """Hand the request's sequences to the scheduler, each at the start of ``grammar``'s template if any."""
+        for seq in req.seqs:
+            if grammar is not None:
+                self.structured.start(seq.seq_id, grammar)
+            self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks; unknown ids are ignored."""
         req = self._requests.pop(request_id, None)
-        self._penalized.discard(request_id)
+        self._value_readers.discard(request_id)
         if req is None:
             return
-        scheduled = self._awaiting_grammar.pop(request_id, None) is None
+        compiling = self.structured is not None and self.structured.cancel(request_id)
         for i, seq in enumerate(req.seqs):
-            if scheduled:
+            if not compiling:
                 self.scheduler.finish(seq, "abort")
             if self.structured is not None:
                 self.structured.drop(seq.seq_id)
@@ -132,44 +153,40 @@ class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
                 req.output.outputs[i].finish_reason = "abort"
         req.output.finished = True
 
-    # ------------------------------------------------------------------- step
-    def is_finished(self) -> bool:
-        return self.scheduler.is_finished()
-
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
+    # ------------------------------------------------------------------- step
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         """Schedule, run the model, sample, and update requests.
 
         Returns the outputs of the requests that got tokens this step (``finished`` set on
         those that ended) and the step's ``StepStats``. With ``async_scheduling`` the step
         launched here reports at the next call: each call launches step N+1 and only then
-        waits for step N's tokens, so the host prepares a step while the device runs one.
+        takes step N's tokens, so the host prepares a step while the device runs one.
         """
         t0 = time.perf_counter()
         touched: dict[str, RequestState] = {}
-        if self._awaiting_grammar:
-            self._admit_compiled(touched)
-        if (self._inflight is not None or self._pending is not None) and self._penalized and any(
-                seq.sampling_params.needs_output_tokens for seq in self.scheduler.running):
-            # NOTE: penalties and bad words read the token values: the step in flight reports before scheduling
-            self._sample_pending()
-            self._resolve(self._inflight, touched)
-            self._inflight = None
+        # requests whose grammar finished compiling join the scheduler
+        if self.structured is not None and self.structured.num_compiling:
+            touched.update(self._admit_compiled())
+        # bad words of several tokens read the newest token values: the step in flight reports before scheduling
+        if self._in_flight is not None and self._value_readers and any(
+                seq.reads_output_values for seq in self.scheduler.running):
+            touched.update(self._resolve(self._sample(self._in_flight)))
+            self._in_flight = None
         sched = self.scheduler.schedule()
-        self._sample_pending()  # NOTE: before the next forward, which reads its tokens on the device
-        launched = self._launch(sched) if not sched.is_empty else None
-        previous, self._inflight = self._inflight, launched
+        # the step in flight is sampled before the next forward, which reads its tokens on the device
+        previous = self._sample(self._in_flight) if self._in_flight is not None else None
+        self._in_flight = self._launch(sched) if not sched.is_empty else None
         if previous is not None:
-            self._resolve(previous, touched)
-        if self._pending is not None:
-            self._pending.fill = self.structured.fill_async(self._pending.sched)  # grammars hold every token now
-        if not self.config.scheduler_config.async_scheduling:
-            self._sample_pending()
-            if self._inflight is not None:
-                self._resolve(self._inflight, touched)
-                self._inflight = None
+            touched.update(self._resolve(previous))
+        # the grammars now hold every token before this step's: its masks are filled while its forward runs
+        if self._in_flight is not None and self._in_flight.phase == "queued":
+            self._in_flight.masks = self.structured.fill_async(sched)
+        if not self.async_scheduling and self._in_flight is not None:
+            touched.update(self._resolve(self._sample(self._in_flight)))
+            self._in_flight = None
         outputs = [self._snapshot(req) for req in touched.values()]
         bm = self.block_manager
         stats = StepStats(
@@ -181,10 +198,43 @@ class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
             step_time=time.perf_counter() - t0)
         return outputs, stats
 
-    def _resolve(self, launched: tuple[SchedulerOutput, object], touched: dict[str, RequestState]) -> None:
-        """Wait for a launched step's tokens, hand them to the scheduler and the requests."""
-        sched, handle = launched
-        sampled = handle.result()
+    def _admit_compiled(self) -> dict[str, RequestState]:
+        """Schedule the requests whose grammars finished compiling (waiting a moment when nothing else can run);
+        a request whose grammar failed finishes with ``abort``, and is reported."""
+        failed = {}
+        for request_id, grammar, error in self.structured.take_compiled(wait=self.scheduler.is_finished()):
+            req = self._requests.get(request_id)
+            if req is None:  # aborted meanwhile
+                continue
+            if error is None:
+                self._schedule(req, grammar)
+                continue
+            for out in req.output.outputs:
+                out.finish_reason = "abort"
+            failed[request_id] = req
+        return failed
+
+    def _launch(self, sched: SchedulerOutput) -> InFlightStep:
+        """Queue a step's forward; sample it at once unless a sampled row is under a grammar (it then waits for
+        its masks: ``_sample``)."""
+        step = InFlightStep(sched, self.executor.start_step(sched))
+        if self.structured is None or not self.structured.constrains(sched):
+            self._sample(step)
+        return step
+
+    def _sample(self, step: InFlightStep) -> InFlightStep:
+        """Sample a queued step with its grammar masks (waiting for them); its tokens start for the host."""
+        if step.tokens is None:
+            masks = step.masks.result() if step.masks is not None else self.structured.bitmask(step.sched)
+            step.tokens = self.executor.finish_step(step.forward, masks)
+            step.forward = step.masks = None
+        return step
+
+    def _resolve(self, step: InFlightStep) -> dict[str, RequestState]:
+        """Wait for a sampled step's tokens, hand them to the scheduler, the grammars and the requests; returns the
+        requests that have something to report."""
+        sched = step.sched
+        sampled = step.tokens.result()
         for seq_id, first, entries in sampled.prompt_logprobs or ():
             owner = self._seq_to_request.get(seq_id)
             if owner is not None:
@@ -192,14 +242,16 @@ class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
         updated = self.scheduler.update_from_output(sched, sampled.token_ids)
         now = time.monotonic()
         grammars = self.structured.grammars if self.structured is not None else None
+        report: dict[str, RequestState] = {}
         for row, seq in updated:
             req, i = self._seq_to_request[seq.seq_id]
             if grammars and seq.seq_id in grammars and self.structured.accept(seq.seq_id, sampled.token_ids[row]):
                 if not seq.is_finished:  # NOTE: the grammar is complete: nothing but EOS may follow
                     self.scheduler.finish(seq, "stop")
             req.on_token(i, seq, sampled.token_ids[row], sampled.logprobs_of(row), now, self.scheduler.finish)
-            if req.stream or seq.is_finished:  # NOTE: offline requests report only at the end
-                touched[req.request_id] = req
+            if req.stream or seq.is_finished:  # offline requests report only at the end
+                report[req.request_id] = req
+        return report
 
     def _snapshot(self, req: RequestState) -> RequestOutput:
         """The request's report for this step; forgets it once every completion has finished."""
@@ -210,14 +262,50 @@ class LLMEngine(InputProcessorMixin, StructuredOutputMixin, GenerateMixin):
                 self.structured.drop(seq_id)
         if out.finished:
             self._requests.pop(req.request_id, None)
-            self._penalized.discard(req.request_id)
+            self._value_readers.discard(req.request_id)
         return out
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``token_ids`` (ids past the tokenizer's vocabulary give none)."""
         if self.tokenizer is None:
             return ""
         n = len(self.tokenizer)
         return self.tokenizer.decode([t for t in token_ids if t < n], skip_special_tokens=skip_special_tokens)
+
+    # ---------------------------------------------------------------- batches
+    def run_batch(self, prompts: Iterable[str | list[int]], params: Iterable[SamplingParams],
+                  use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run prompts to completion (``params[i]`` for ``prompts[i]``); their outputs in prompt order. Every
+        request is checked before any is queued; on any error (or ^C) the batch's requests are aborted."""
+        requests = [self.processor.process(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        ids = [self._add(r) for r in requests]
+        results: dict[str, RequestOutput] = {}
+        pbar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            pbar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
+        rates = ThroughputMeter()
+        try:
+            pending = set(ids)
+            while pending:
+                outputs, stats = self.step()
+                if pbar is not None:
+                    pbar.set_postfix_str(rates.update(stats), refresh=False)
+                for o in outputs:
+                    if o.finished and o.request_id in pending:
+                        results[o.request_id] = o
+                        pending.discard(o.request_id)
+                        if pbar is not None:
+                            pbar.update(1)
+        except BaseException:
+            for rid in ids:
+                self.abort_request(rid)
+            raise
+        finally:
+            if pbar is not None:
+                pbar.close()
+        return [results[rid] for rid in ids]
 
     # -------------------------------------------------------------- lifecycle
     def close(self) -> None:

@@ -119,19 +119,30 @@ def build_sampling_metadata(
     vocab_size: int,
     generator: torch.Generator | None = None,
     grammar: tuple[Sequence[int], torch.Tensor] | None = None,
+    *,
+    bad_words: Sequence[Sequence[Sequence[int]]] | None = None,
+    num_generated: Sequence[int] | None = None,
+    penalty_tensors: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> SamplingMetadata:
     """Build the per-step metadata for ``len(params)`` rows (row ``i`` = ``params[i]``).
 
-    ``output_token_ids[i]`` are the tokens the request already generated (its length is the step
-    number used for seeding and for ``min_tokens``; the values are read for penalties and bad words). ``eos_token_ids`` is either the model's EOS
-    ids shared by every row (``[151645, 151643]``) or one list per row. ``generator`` (optional,
-    on ``device``) is used by the unseeded rows; default: torch's global RNG. ``grammar``: ``(rows, bitmask)``,
-    the packed masks (``[len(rows), ceil(V / 32)]`` int32, on the host) of the rows under a grammar.
+    ``output_token_ids[i]`` are the tokens the request already generated: their count is the step number used
+    for seeding and for ``min_tokens`` (unless ``num_generated`` gives the counts; ``output_token_ids[i]`` may
+    then hold only the newest tokens), and their values are read by penalties (unless ``penalty_tensors``
+    gives them) and by ``bad_words``. ``prompt_token_ids[i]`` are read by the repetition penalty (unless
+    ``penalty_tensors``). ``eos_token_ids`` is either the model's EOS ids shared by every row
+    (``[151645, 151643]``) or one list per row. ``generator`` (optional, on ``device``) is used by the unseeded
+    rows; default: torch's global RNG. ``grammar``: ``(rows, bitmask)``, the packed masks (``[len(rows),
+    ceil(V / 32)]`` int32, on the host) of the rows under a grammar. ``bad_words[i]``: row ``i``'s bad words as
+    token ids (None: no row has any). ``penalty_tensors``: ``(output_counts [B, V] float32, prompt_mask [B, V]
+    bool or None)``, kept on the device by the runner (``minivllm.sample.penalties``).
     """
     device = torch.device(device)
     batch = len(params)
     if not (len(prompt_token_ids) == len(output_token_ids) == batch):
         raise ValueError("params, prompt_token_ids and output_token_ids must have the same length")
+    if num_generated is None:
+        num_generated = [len(out) for out in output_token_ids]
     if eos_token_ids is None:
         eos_token_ids = []
     per_row_eos = len(eos_token_ids) > 0 and not isinstance(eos_token_ids[0], int)
@@ -190,25 +201,24 @@ def build_sampling_metadata(
         md.repetition_penalty = _to_device(reps, torch.float32, device)
         md.frequency_penalty = _to_device(freqs, torch.float32, device)
         md.presence_penalty = _to_device(press, torch.float32, device)
-        # only rows with a penalty contribute ids (the others get all-zero rows)
-        md.output_counts = _token_counts(
-            [o if h else () for o, h in zip(output_token_ids, has_pen, strict=True)], V, device
-        )
-        if any(has_rep):
-            md.prompt_mask = (
-                _token_counts(
-                    [p if h else () for p, h in zip(prompt_token_ids, has_rep, strict=True)], V, device
-                )
-                > 0
-            )
+        if penalty_tensors is not None:
+            md.output_counts, prompt_mask = penalty_tensors
+            md.prompt_mask = prompt_mask if any(has_rep) else None
+        else:  # only rows with a penalty contribute ids (the others get all-zero rows)
+            md.output_counts = _token_counts(
+                [o if h else () for o, h in zip(output_token_ids, has_pen, strict=True)], V, device)
+            if any(has_rep):
+                md.prompt_mask = _token_counts(
+                    [p if h else () for p, h in zip(prompt_token_ids, has_rep, strict=True)], V, device) > 0
 
     rows: list[int] = []
     cols: list[int] = []
-    for i, (p, out) in enumerate(zip(params, output_token_ids, strict=True)):
-        if not p.bad_words_token_ids and len(out) >= p.min_tokens:
-            continue  # NOTE: the common row: nothing built
-        banned = set(bad_word_bans(p, out))
-        if len(out) < p.min_tokens:
+    for i, (p, n) in enumerate(zip(params, num_generated, strict=True)):
+        words = bad_words[i] if bad_words is not None else ()
+        if not words and n >= p.min_tokens:
+            continue  # the common row: nothing built
+        banned = set(bad_word_bans(words, output_token_ids[i])) if words else set()
+        if n < p.min_tokens:
             banned.update(p.stop_token_ids or ())
             if not p.ignore_eos:
                 banned.update(eos_token_ids[i] if per_row_eos else eos_token_ids)
@@ -228,7 +238,7 @@ def build_sampling_metadata(
                               else mask.to(device))
 
     if not all_greedy:
-        md.seeded_keys = seeded_keys(params, [len(out) for out in output_token_ids])
+        md.seeded_keys = seeded_keys(params, num_generated)
         md.seeded = [(i, _generator(key, device)) for i, key in md.seeded_keys]
         md.any_seeded = bool(md.seeded)
     return md

@@ -1,7 +1,7 @@
 """Prompt logprobs: the logprob of each prompt token given the tokens before it, and its top-k alternatives.
 
 The forward pass already has the hidden state of every prompt position it computes; the rows that ask
-(``ScheduledSeq.prompt_logprobs``) have their positions' hidden states put through the LM head, in slices
+(``ScheduledRow.prompt_logprobs``) have their positions' hidden states put through the LM head, in slices
 so that a long prompt chunk never holds ``[chunk, vocab]`` logits at once. Every tensor-parallel rank runs
 the same slices (the LM head gathers across ranks); rank 0 keeps the log-softmax. The host gets, per
 row, ``{target id: Logprob, alternative id: Logprob, ...}`` for each of its positions (``Logprob``: the

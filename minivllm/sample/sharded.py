@@ -4,8 +4,8 @@ The gather path moves every rank's ``[rows, V / N]`` logits to rank 0, which
 concatenates them and samples the whole vocabulary alone. For a step whose every sampled row the
 fused Gumbel pass samples with nothing else to do (``sharded_temperatures``), the ranks instead:
 
-1. rank 0, before the forward: ships the rows' temperatures (0 for greedy rows) to every rank in
-   ``StepInputs.sample_temperatures`` (None: this step takes the gather path);
+1. before the forward, every rank reads the rows' temperatures (0 for greedy rows) from its own persistent
+   batch, which holds the same parameters on every rank (None: this step takes the gather path);
 2. rank 0 draws the rows' Philox keys (``gumbel_keys``: the same draws as the unsharded sampler)
    and broadcasts them (an all-greedy step needs none);
 3. every rank runs ``gumbel_sample_shard`` on its slice (noise keyed by the GLOBAL token id);
@@ -17,8 +17,8 @@ temperature per token id, and ties to the lowest id at every level.
 NOTE: every rank runs the same collectives in the same order, from the same host inputs:
 [forward] -> key broadcast (unless every temperature is 0) -> gather of the pairs.
 
-Used at TP > 1 wherever the sampler's Triton kernels run (``DeviceConfig.triton_sampling``): 14,527 ->
-14,813 tok/s for Qwen3-8B at TP=2 on 2 x H200 against gathering every step's logits.
+Used at TP > 1 wherever the sampler's Triton kernels run (``DeviceConfig.triton_sampling``), since it beat
+gathering every step's logits (docs/performance-notes.md; ``benchmarks/engine/tp_scaling.py`` measures it).
 """
 
 from __future__ import annotations
@@ -66,10 +66,11 @@ class ShardedSampler:
         self.vocab_size = head.num_embeddings  # NOTE: ids beyond it are the last slice's zero padding
         self.device = device
 
-    def __call__(self, logits: torch.Tensor, temperatures: np.ndarray,
-                 seeded: list[tuple[int, int]] = ()) -> torch.Tensor | None:
+    def __call__(self, logits: torch.Tensor, temperatures: np.ndarray, seeded: list[tuple[int, int]] = (),
+                 generator: torch.Generator | None = None) -> torch.Tensor | None:
         """Sample ``logits`` ([rows, per_rank], this rank's slice) with ``temperatures`` ([rows], the same on
-        every rank); rank 0 passes the rows' ``seeded_keys`` and gets the [rows] int64 token ids, others None."""
+        every rank); rank 0 passes the rows' ``seeded_keys`` (and the generator of the unseeded rows' keys) and
+        gets the [rows] int64 token ids, others None."""
         from minivllm.kernels.gumbel_sample import gumbel_sample_shard, pick_across_shards
 
         rows = logits.shape[0]
@@ -78,7 +79,7 @@ class ShardedSampler:
         keys = temps = None
         if temperatures.any():  # NOTE: a host array every rank holds: all ranks take (or skip) the broadcast
             if self.group.rank == 0:
-                keys = gumbel_keys(rows, list(seeded), self.device)  # [rows] int64
+                keys = gumbel_keys(rows, list(seeded), self.device, generator)  # [rows] int64
             else:
                 keys = torch.empty(rows, dtype=torch.int64, device=self.device)
             self.group.broadcast(keys, src=0)

@@ -26,12 +26,13 @@ class TokenEdits:
     allowed_mask: torch.Tensor | None = None  # [R, V] bool: True where a restricted row's token is NOT allowed
 
 
-def bad_word_bans(params: SamplingParams, output_ids: Sequence[int]) -> list[int]:
-    """The token ids ``params.bad_words_token_ids`` ban after the completion ``output_ids``."""
+def bad_word_bans(bad_words: Sequence[Sequence[int]], output_tail: Sequence[int]) -> list[int]:
+    """The token ids the bad words (each one's token ids) ban after a completion that ends with ``output_tail``
+    (its newest tokens, at least as many as the longest bad word has minus one, or the whole completion)."""
     bans = []
-    for word in params.bad_words_token_ids:
-        prefix = word[:-1]
-        if not prefix or (len(output_ids) >= len(prefix) and list(output_ids[len(output_ids) - len(prefix):]) == prefix):
+    for word in bad_words:
+        prefix = list(word[:-1])
+        if not prefix or (len(output_tail) >= len(prefix) and list(output_tail[len(output_tail) - len(prefix):]) == prefix):
             bans.append(word[-1])
     return bans
 

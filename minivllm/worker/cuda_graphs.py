@@ -48,15 +48,15 @@ class DecodeGraphRunner:
     over placeholders, replays, and returns the real rows' hidden states.
     """
 
-    def __init__(self, runner):
-        mc = runner.config.model_config
-        self.model = runner.model
-        self.device = runner.device
-        self.sizes = graph_batch_sizes(runner.config.scheduler_config.max_num_seqs)
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, hidden_size: int, max_num_seqs: int,
+                 max_model_len: int, block_size: int):
+        self.model = model
+        self.device = device
+        self.sizes = graph_batch_sizes(max_num_seqs)
         self.max_bs = self.sizes[-1]
-        self.max_blocks = -(-mc.max_model_len // runner.block_size)
-        self.max_model_len = mc.max_model_len
-        hidden = mc.arch.hidden_size
+        self.max_blocks = -(-max_model_len // block_size)
+        self.max_model_len = max_model_len
+        hidden = hidden_size
         dev, bs, mb = self.device, self.max_bs, self.max_blocks
         self.input_ids = torch.zeros(bs, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(bs, dtype=torch.int64, device=dev)
@@ -64,7 +64,7 @@ class DecodeGraphRunner:
         self.context_lens = torch.ones(bs, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(bs, mb, dtype=torch.int32, device=dev)
         self.cu_seqlens_q = torch.arange(bs + 1, dtype=torch.int32, device=dev)
-        self.outputs = torch.zeros(bs, hidden, dtype=runner.dtype, device=dev)
+        self.outputs = torch.zeros(bs, hidden, dtype=dtype, device=dev)
         # pinned staging, two sets used in turn (the host fills one while the device may still be
         # copying from the other): ids, positions, slots, placeholder index and source as int64;
         # context lens and block tables as int32. An event per set marks its copies' end.

@@ -1,33 +1,29 @@
-"""Executors: run the model runner(s) for the engine. One process, or one per tensor-parallel rank."""
+"""Executors run the model runner(s) for the engine: in the engine's process (``UniProcExecutor``), or one process
+per tensor-parallel rank (``MultiProcExecutor``, ``worker/tp_executor.py``). Both implement ``Executor``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Protocol
 
 from minivllm.config import Config
 from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.worker.model_runner import Forward, ModelRunner
+from minivllm.worker.step_handle import StepHandle
 
 
-@dataclass
-class SampledTokens:
-    """Host-side sampler results for the rows sampled in one step (batch order)."""
+class Executor(Protocol):
+    """What the engine calls. A step is started, then finished: ``start_step`` queues the forward of every
+    rank; ``finish_step`` samples it (with the grammar masks of its constrained rows, filled in between) and
+    returns a handle whose ``result()`` waits for the tokens. The next step starts only after this one is
+    finished: its forward reads these tokens on the device."""
 
-    token_ids: list[int]
-    logprobs: list[float] | None = None  # logprob of each sampled token
-    top_ids: list[list[int]] | None = None  # [rows][k] top alternatives
-    top_logprobs: list[list[float]] | None = None
-    num_top: list[int] | None = None  # how many alternatives each row asked for (None: no logprobs)
-    # (seq_id, first prompt token, [{target: Logprob, alt: Logprob, ...}, ...]) of the rows with prompt logprobs
-    prompt_logprobs: list[tuple[int, int, list[dict]]] | None = None
+    num_kvcache_blocks: int
 
-    def logprobs_of(self, row: int) -> dict[int, float] | None:
-        """``{sampled_id: logprob, alt_id: logprob, ...}`` for a row that asked for logprobs, else None."""
-        if self.logprobs is None or self.num_top is None or self.num_top[row] is None:
-            return None
-        d = {self.token_ids[row]: self.logprobs[row]}
-        for tid, lp in zip(self.top_ids[row][: self.num_top[row]], self.top_logprobs[row][: self.num_top[row]]):
-            d.setdefault(tid, lp)
-        return d
+    def start_step(self, out: SchedulerOutput) -> Forward: ...
+
+    def finish_step(self, forward: Forward, grammar=None) -> StepHandle: ...
+
+    def close(self) -> None: ...
 
 
 class UniProcExecutor:
@@ -35,32 +31,22 @@ class UniProcExecutor:
 
     def __init__(self, config: Config):
         from minivllm.worker.cpu_threads import set_cpu_threads
-        from minivllm.worker.model_runner import ModelRunner
 
         set_cpu_threads(config)
-        self.runner = ModelRunner(config, rank=0)
+        self.runner: ModelRunner | None = ModelRunner(config, rank=0)
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
 
-    def launch(self, out: SchedulerOutput):
-        """Start one step; returns a handle whose ``result()`` gives its ``SampledTokens``."""
-        return self.runner.launch(out)
-
-    def start_step(self, out: SchedulerOutput):
-        """Queue one step's forward only (``ModelRunner.start_step``); ``finish_step`` samples it."""
+    def start_step(self, out: SchedulerOutput) -> Forward:
         return self.runner.start_step(out)
 
-    def finish_step(self, fwd, grammar=None):
-        """Sample a started step with its grammar masks; returns its handle (as ``launch``)."""
-        return self.runner.finish_step(fwd, grammar)
-
-    def run(self, out: SchedulerOutput) -> SampledTokens:
-        return self.launch(out).result()
+    def finish_step(self, forward: Forward, grammar=None) -> StepHandle:
+        return self.runner.finish_step(forward, grammar)
 
     def close(self) -> None:
         self.runner = None
 
 
-def create_executor(config: Config):
+def create_executor(config: Config) -> Executor:
     """The executor for ``config``'s tensor-parallel size."""
     if config.parallel_config.tensor_parallel_size == 1:
         return UniProcExecutor(config)

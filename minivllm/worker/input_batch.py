@@ -1,6 +1,8 @@
-"""Host-side inputs of one forward step, built from a SchedulerOutput with numpy (no torch).
+"""The runner's persistent batch, and the host-side inputs of one forward step built from it (numpy, no torch).
 
-This is what rank 0 hands to every tensor-parallel rank: plain arrays, cheap to pickle.
+``InputBatch`` keeps what a step's ``SchedulerOutput`` no longer repeats: each running sequence's block table
+(a row of one array, extended by the step's new block ids), its sampling parameters and bad words. A step then
+costs host work in proportion to its rows and new tokens, not to the context its sequences hold.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -32,9 +35,6 @@ class StepInputs:
     # is row prev_token_src[i] of the previous step's sampled-token tensor (on the device).
     prev_token_index: np.ndarray | None = None  # [num_placeholders] int64
     prev_token_src: np.ndarray | None = None  # [num_placeholders] int64
-    # NOTE: tensor parallel: set by rank 0 when every rank samples its own vocabulary slice this
-    # step (minivllm.sample.sharded); None: rank 0 gathers the logits and samples.
-    sample_temperatures: np.ndarray | None = None  # [num_sampled] float32, 0.0 on greedy rows
     # flat token indices whose logits give prompt logprobs (rows' ``prompt_logprobs``, in row order); None: none
     prompt_logprob_index: np.ndarray | None = None  # [num_prompt_positions] int64
 
@@ -43,75 +43,125 @@ class StepInputs:
         return len(self.context_lens)
 
 
-def build_step_inputs(out: SchedulerOutput, block_size: int,
-                      sample_temperatures: np.ndarray | None = None) -> StepInputs:
-    """Flatten the scheduled rows: tokens ``[num_computed, num_computed + n)`` of each sequence."""
-    num_rows = len(out.rows)
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    cu = [0]
-    ctx: list[int] = []
-    sample: list[int] = []
-    ph_index: list[int] = []
-    ph_src: list[int] = []
-    prompt_index: list[int] = []
-    max_blocks = 0
-    fresh = True
-    for row in out.rows:
-        start, table = row.num_computed_tokens, row.block_ids
-        n = len(row.token_ids)
-        end = start + n
-        if n == 1:
-            if row.prev_sampled_row >= 0:
-                ph_index.append(len(input_ids))
-                ph_src.append(row.prev_sampled_row)
-            input_ids.append(row.token_ids[0])
-            positions.append(start)
-            slots.append(table[start // block_size] * block_size + start % block_size)
+class InputBatch:
+    """The running sequences as the runner knows them, one slot each: ``update`` applies a step's news (who
+    left, who is new, which blocks were added), ``prepare_inputs`` flattens the step's rows.
+
+    ``max_num_seqs`` slots of ``ceil(max_model_len / block_size)`` block ids each.
+    """
+
+    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int):
+        self.block_size = block_size
+        self.max_blocks = -(-max_model_len // block_size)
+        self.block_table = np.full((max_num_seqs, self.max_blocks), -1, dtype=np.int32)  # [slots, max_blocks]
+        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # [slots]
+        self.slots: dict[int, int] = {}  # seq id -> slot
+        self.params: dict[int, SamplingParams] = {}  # seq id -> its sampling parameters
+        self.bad_words: dict[int, tuple[tuple[int, ...], ...]] = {}  # seq id -> its bad words' token ids
+        self._free = list(range(max_num_seqs - 1, -1, -1))
+
+    def update(self, out: SchedulerOutput) -> None:
+        """Forget the sequences that left, take the new ones whole, extend the block tables of the others."""
+        for seq_id in out.finished_seq_ids:
+            slot = self.slots.pop(seq_id, None)
+            if slot is None:
+                continue
+            self.block_table[slot, :self.num_blocks[slot]] = -1
+            self.num_blocks[slot] = 0
+            self._free.append(slot)
+            self.params.pop(seq_id, None)
+            self.bad_words.pop(seq_id, None)
+        for req in out.new_requests:
+            if req.seq_id in self.slots:
+                raise RuntimeError(f"sequence {req.seq_id} is new to the runner but holds a slot")
+            if not self._free:
+                raise RuntimeError("the runner's batch is full: the scheduler ran more than max_num_seqs sequences")
+            slot = self.slots[req.seq_id] = self._free.pop()
+            self._append_blocks(slot, req.block_ids)
+            self.params[req.seq_id] = req.params
+            if req.bad_words_token_ids:
+                self.bad_words[req.seq_id] = req.bad_words_token_ids
+        for row in out.rows:
+            if row.new_block_ids:
+                self._append_blocks(self.slots[row.seq_id], row.new_block_ids)
+
+    def _append_blocks(self, slot: int, block_ids: tuple[int, ...]) -> None:
+        n = int(self.num_blocks[slot])
+        if n + len(block_ids) > self.max_blocks:
+            raise RuntimeError(f"a block table of {n + len(block_ids)} blocks exceeds max_model_len")
+        self.block_table[slot, n:n + len(block_ids)] = block_ids
+        self.num_blocks[slot] = n + len(block_ids)
+
+    def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
+        """Flatten the step's rows: tokens ``[num_computed, num_computed + n)`` of each sequence."""
+        rows = out.rows
+        num_rows = len(rows)
+        slots = np.fromiter((self.slots[r.seq_id] for r in rows), dtype=np.int64, count=num_rows)  # [rows]
+        starts = np.fromiter((r.num_computed_tokens for r in rows), dtype=np.int64, count=num_rows)  # [rows]
+        q_lens = np.fromiter((len(r.token_ids) for r in rows), dtype=np.int64, count=num_rows)  # [rows]
+        cu = np.zeros(num_rows + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=cu[1:])
+        total = int(cu[-1])
+        if total == num_rows:  # one token a row
+            input_ids = np.fromiter((r.token_ids[0] for r in rows), dtype=np.int64, count=num_rows)
+            positions = starts
+            token_slots = slots
         else:
-            input_ids.extend(row.token_ids)
-            pos = np.arange(start, end)
-            positions.extend(pos.tolist())
-            slots.extend((np.asarray(table, dtype=np.int64)[pos // block_size] * block_size
-                          + pos % block_size).tolist())
-        fresh &= start == 0
-        if row.prompt_logprobs is not None:
-            prompt_index.extend(range(cu[-1], cu[-1] + len(row.prompt_logprobs[1])))
-        cu.append(cu[-1] + n)
-        ctx.append(end)
-        if row.sampled:
-            sample.append(cu[-1] - 1)
-        max_blocks = max(max_blocks, len(table))
-    block_tables = _padded_block_tables([row.block_ids for row in out.rows], max_blocks)
-    cu_arr = np.asarray(cu, dtype=np.int32)
-    q_lens = np.diff(cu_arr)
-    return StepInputs(
-        input_ids=np.asarray(input_ids, dtype=np.int64),
-        positions=np.asarray(positions, dtype=np.int64),
-        slot_mapping=np.asarray(slots, dtype=np.int64),
-        cu_seqlens_q=cu_arr,
-        context_lens=np.asarray(ctx, dtype=np.int32),
-        block_tables=block_tables,
-        sample_indices=np.asarray(sample, dtype=np.int64),
-        max_seqlen_q=int(q_lens.max()) if num_rows else 0,
-        max_context_len=max(ctx) if ctx else 0,
-        is_decode=bool(num_rows) and bool((q_lens == 1).all()),
-        is_fresh_prefill=fresh,
-        prev_token_index=np.asarray(ph_index, dtype=np.int64) if ph_index else None,
-        prev_token_src=np.asarray(ph_src, dtype=np.int64) if ph_src else None,
-        sample_temperatures=sample_temperatures,
-        prompt_logprob_index=np.asarray(prompt_index, dtype=np.int64) if prompt_index else None,
-    )
+            input_ids = np.fromiter(itertools.chain.from_iterable(r.token_ids for r in rows), dtype=np.int64,
+                                    count=total)
+            positions = np.arange(total, dtype=np.int64) + np.repeat(starts - cu[:-1], q_lens)  # [tokens]
+            token_slots = np.repeat(slots, q_lens)  # [tokens]
+        bs = self.block_size
+        slot_mapping = self.block_table[token_slots, positions // bs].astype(np.int64) * bs + positions % bs
+        context_lens = starts + q_lens
+        width = int(self.num_blocks[slots].max()) if num_rows else 0
+        block_tables = self.block_table[slots, :width]  # [rows, width]; NOTE: fancy indexing copies
+        sample_indices = np.fromiter((cu[i + 1] - 1 for i, r in enumerate(rows) if r.sampled), dtype=np.int64)
+        ph = [(cu[i], r.prev_sampled_row) for i, r in enumerate(rows) if r.prev_sampled_row >= 0]
+        prompt_index: list[int] = []
+        for i, r in enumerate(rows):
+            if r.prompt_logprobs is not None:
+                prompt_index.extend(range(cu[i], cu[i] + len(r.prompt_logprobs[1])))
+        return StepInputs(
+            input_ids=input_ids,
+            positions=positions,
+            slot_mapping=slot_mapping,
+            cu_seqlens_q=cu.astype(np.int32),
+            context_lens=context_lens.astype(np.int32),
+            block_tables=block_tables,
+            sample_indices=sample_indices,
+            max_seqlen_q=int(q_lens.max()) if num_rows else 0,
+            max_context_len=int(context_lens.max()) if num_rows else 0,
+            is_decode=bool(num_rows) and total == num_rows,
+            is_fresh_prefill=bool((starts == 0).all()),
+            prev_token_index=np.asarray([i for i, _ in ph], dtype=np.int64) if ph else None,
+            prev_token_src=np.asarray([s for _, s in ph], dtype=np.int64) if ph else None,
+            prompt_logprob_index=np.asarray(prompt_index, dtype=np.int64) if prompt_index else None,
+        )
+
+    def check_integrity(self) -> None:
+        """Slots are held once, free slots hold nothing, and every table is -1 past its length."""
+        held = list(self.slots.values())
+        assert len(set(held)) == len(held) and not set(held) & set(self._free), "a slot is held twice or also free"
+        assert len(held) + len(self._free) == self.block_table.shape[0], "a slot is lost"
+        assert self.params.keys() == self.slots.keys() and self.bad_words.keys() <= self.slots.keys()
+        for slot in range(self.block_table.shape[0]):
+            n = int(self.num_blocks[slot])
+            assert (self.block_table[slot, n:] == -1).all(), f"slot {slot} holds block ids past its length"
+            assert (self.block_table[slot, :n] >= 0).all(), f"slot {slot} has an unset block id"
 
 
-def _padded_block_tables(tables: list[tuple[int, ...]], width: int) -> np.ndarray:  # -> [rows, width] int32
-    """The tables as one -1-padded array. NOTE: from 16 rows on, one flat copy and a masked fill (1.5x faster
-    than a padded Python row each at 256 rows); below, the padded rows (5x faster at one row)."""
-    if len(tables) < 16:
-        return np.array([t + (-1,) * (width - len(t)) for t in tables], dtype=np.int32).reshape(len(tables), width)
-    lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))  # [rows]
-    flat = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32, count=int(lens.sum()))
-    out = np.full((len(tables), width), -1, dtype=np.int32)
-    out[np.arange(width) < lens[:, None]] = flat
-    return out
+def dummy_prefill_inputs(num_seqs: int, seq_len: int, block_size: int) -> StepInputs:
+    """The inputs of ``num_seqs`` fresh prompts of ``seq_len`` tokens (id 0) over blocks ``0, 1, ...``, every row
+    sampled: the profiling forward's, which sizes the KV cache."""
+    per_seq = -(-seq_len // block_size)
+    batch = InputBatch(num_seqs, seq_len, block_size)
+    from minivllm.core.scheduler_output import NewRequestData, ScheduledRow
+
+    params = SamplingParams()
+    new = tuple(NewRequestData(i, params, tuple(range(i * per_seq, (i + 1) * per_seq)), None, None)
+                for i in range(num_seqs))
+    rows = tuple(ScheduledRow(i, 0, (0,) * seq_len, (), -1, True, 0) for i in range(num_seqs))
+    out = SchedulerOutput(rows, rows, new)
+    batch.update(out)
+    return batch.prepare_inputs(out)

@@ -1,22 +1,25 @@
-"""ModelRunner: owns the model, the paged KV cache and (on CUDA) the decode CUDA graphs of one rank.
+"""ModelRunner: owns the model, the paged KV cache, the persistent batch and (on CUDA) the decode CUDA graphs
+of one rank.
 
-``launch(scheduler_output)`` builds the flattened batch, runs the forward pass and samples the
-rows whose tokens are all computed, without waiting for the device: it returns a ``StepHandle``
-whose ``result()`` brings the sampled tokens to the host. It reads only the frozen
-``SchedulerOutput``, never a ``Sequence``. Rank 0 samples; other tensor-parallel ranks run
-``execute_step`` on the same ``StepInputs`` (rank 0's ``prepare_inputs`` may mark a step for sharded
-sampling: every rank then samples its vocabulary slice, see ``minivllm.sample.sharded``).
+A step comes in two halves. ``start_step(scheduler_output)`` applies the step's news to the persistent batch,
+builds the flattened inputs and queues the forward, without waiting for the device; ``finish_step`` samples the
+rows whose tokens are all computed (with the grammar masks filled in between, if any) and returns a
+``StepHandle`` whose ``result()`` brings the sampled tokens to the host. It reads only the frozen
+``SchedulerOutput``, never a ``Sequence``. Rank 0 samples; other tensor-parallel ranks run ``execute_step`` on
+the same scheduler output: every rank keeps its own batch, so they build the same inputs and take the same
+path (a step may sample each rank's vocabulary slice, see ``minivllm.sample.sharded``).
 
 NOTE: asynchronous scheduling feeds each step's sampled ids to the next step on the device:
-``prev_sampled`` holds the newest launched step's ``[num_sampled]`` int64 token ids (on every
-rank: rank 0 broadcasts them when tensor parallel), and ``execute`` writes them over the
-placeholders listed in ``StepInputs.prev_token_index``.
+``prev_sampled`` holds the newest sampled step's ``[num_sampled]`` int64 token ids (on every rank: rank 0
+broadcasts them when tensor parallel), and ``execute`` writes them over the placeholders listed in
+``StepInputs.prev_token_index``.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from minivllm.config import Config
@@ -28,26 +31,29 @@ from minivllm.layers.attention_metadata import AttentionMetadata
 from minivllm.models.loader import load_model_weights
 from minivllm.models.registry import get_model_class
 from minivllm.sample.metadata import build_sampling_metadata, seeded_keys
+from minivllm.sample.penalties import PenaltyState
 from minivllm.sample.prompt_logprobs import PromptLogprobs, prompt_logits, prompt_logprobs
 from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.sample.sharded import ShardedSampler, sharded_temperatures
-from minivllm.worker.executor import SampledTokens
-from minivllm.worker.input_batch import StepInputs, build_step_inputs
-from minivllm.worker.kv_cache import allocate_kv_cache
+from minivllm.sampling_params import SamplingParams
+from minivllm.worker.input_batch import InputBatch, StepInputs, dummy_prefill_inputs
+from minivllm.worker.kv_cache import bind_cache, block_bytes, cpu_num_blocks, gpu_num_blocks, new_cache
+from minivllm.worker.outputs import SampledTokens
 from minivllm.worker.step_handle import StepHandle
-from minivllm.worker.warmup import warm_sampling
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class Forward(NamedTuple):
-    """A step whose forward is queued and whose sampling is not: ``ModelRunner.finish_step`` takes it."""
+    """A step whose forward is queued and whose sampling is not: ``ModelRunner.finish_step`` takes it. It holds
+    what sampling needs, so that the next step's news may change the batch before it is sampled."""
 
     out: SchedulerOutput
-    inp: StepInputs
     logits: torch.Tensor | None  # [sampled rows, vocab] (a sharded step: this rank's slice)
     prompt: PromptLogprobs | None
-
-
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    params: list[SamplingParams]  # of the sampled rows
+    bad_words: list[tuple[tuple[int, ...], ...]] | None  # of the sampled rows (None: no row has any)
+    temperatures: np.ndarray | None  # [sampled rows]: the step samples each rank's slice (None: gathered)
 
 
 def device_for_rank(config: Config, rank: int) -> torch.device:
@@ -66,14 +72,13 @@ class ModelRunner:
         self.config = config
         self.rank = rank
         self.tp_group = tp_group
-        mc, dc = config.model_config, config.device_config
+        mc, dc, sc = config.model_config, config.device_config, config.scheduler_config
         self.block_size = config.cache_config.kvcache_block_size
         self.dtype = TORCH_DTYPES[mc.dtype]
         self.kv_dtype = FP8_DTYPES.get(config.cache_config.kv_cache_dtype, self.dtype)
         self.device = device_for_rank(config, rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        torch.manual_seed(mc.seed)
         model_cls = get_model_class(mc.arch.architecture)
         with torch.device(self.device):
             prev = torch.get_default_dtype()
@@ -86,24 +91,97 @@ class ModelRunner:
         self.model.eval()
         load_model_weights(self.model, mc)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.sampler = Sampler(fused=dc.triton_sampling)
         self.vocab_size = mc.arch.vocab_size
-        # tensor parallel: every rank can sample its slice; rank 0 decides per step (prepare_inputs)
+        self.eos_token_ids = list(mc.arch.eos_token_ids)
+        self.batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.block_size)
+        # sampling: rank 0, or every rank on its vocabulary slice (decided per step from the batch, the same on
+        # every rank); unseeded rows draw from this engine's own generator, not torch's global one
+        self.sampler = Sampler(fused=dc.triton_sampling)
+        self.generator = torch.Generator(device=self.device).manual_seed(mc.seed)
+        self.penalties = PenaltyState(self.vocab_size, self.device) if rank == 0 else None
         self.sharded_sampling = tp_group is not None and dc.triton_sampling
         self.shard_sampler = ShardedSampler(self.model.lm_head, self.device) if self.sharded_sampling else None
-        self.num_sharded_steps = 0  # rank 0's steps sampled sharded (a check for tests and benchmarks)
-        self.eos_token_ids = list(mc.arch.eos_token_ids)
-        self.graph_runner = None
+        self.num_sharded_steps = 0  # steps sampled sharded (a check for tests and benchmarks)
+        self.share_sampled = tp_group is not None and sc.async_scheduling
         self.prev_sampled: torch.Tensor | None = None
-        self.prompt_logprobs: list[torch.Tensor] | None = None  # the step's prompt-position logprob slices
-        self.share_sampled = tp_group is not None and config.scheduler_config.async_scheduling
-        self.kv_cache: torch.Tensor | None = None  # [2, layers, blocks, block_size, kv_heads, head_dim]
-        self.num_kvcache_blocks = allocate_kv_cache(self)
+        self.num_kvcache_blocks = self._init_kv_cache()
+        self.graph_runner = None
         if self.device.type == "cuda" and not dc.enforce_eager:
             from minivllm.worker.cuda_graphs import DecodeGraphRunner
 
-            self.graph_runner = DecodeGraphRunner(self)
-        warm_sampling(self)
+            self.graph_runner = DecodeGraphRunner(self.model, self.device, self.dtype, mc.arch.hidden_size,
+                                                  sc.max_num_seqs, mc.max_model_len, self.block_size)
+        self._warm_up_sampling()
+
+    # ------------------------------------------------------------------ KV cache
+    def _init_kv_cache(self) -> int:
+        """Size the KV cache (the minimum over tensor-parallel ranks), allocate and bind it; returns its blocks."""
+        cc, sc, mc = self.config.cache_config, self.config.scheduler_config, self.config.model_config
+        nbytes = block_bytes(self.attn_layers, self.block_size, self.kv_dtype)
+        blocks_per_seq = -(-mc.max_model_len // self.block_size)
+        if cc.num_kvcache_blocks is not None:
+            num_blocks = cc.num_kvcache_blocks
+        elif self.device.type == "cpu":
+            num_blocks = cpu_num_blocks(cc.cpu_kvcache_space_gib, nbytes, sc.max_num_seqs * blocks_per_seq + 1)
+        else:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._profile_run()
+            # NOTE: capped at four times what max_num_seqs full-length sequences can hold (the rest could only
+            # keep prefix cache): a tiny model on a large GPU would otherwise get millions of blocks
+            num_blocks = gpu_num_blocks(self.device, cc.gpu_memory_utilization, nbytes,
+                                        4 * sc.max_num_seqs * blocks_per_seq + 1)
+        if self.tp_group is not None:
+            t = torch.tensor([num_blocks], device=self.device if self.device.type == "cuda" else "cpu")
+            self.tp_group.all_reduce(t, op="min")
+            num_blocks = int(t.item())
+        if num_blocks < 1:
+            raise RuntimeError(
+                "no memory is left for the KV cache: raise gpu_memory_utilization, lower max_num_batched_tokens, "
+                "or use a smaller model")
+        self.kv_cache = new_cache(self.attn_layers, num_blocks, self.block_size, self.kv_dtype, self.device)
+        bind_cache(self.attn_layers, self.kv_cache)
+        return num_blocks
+
+    @torch.inference_mode()
+    def _profile_run(self) -> None:
+        """One forward at the largest batch (through a throw-away cache) to measure peak activations."""
+        sc, max_model_len = self.config.scheduler_config, self.config.model_config.max_model_len
+        num_tokens = min(sc.max_num_batched_tokens, sc.max_num_seqs * max_model_len)
+        seq_len = min(max_model_len, num_tokens)
+        num_seqs = max(1, num_tokens // seq_len)
+        per_seq = -(-seq_len // self.block_size)
+        bind_cache(self.attn_layers, new_cache(self.attn_layers, num_seqs * per_seq, self.block_size, self.kv_dtype,
+                                               self.device))
+        logits, _ = self.execute(dummy_prefill_inputs(num_seqs, seq_len, self.block_size), gather=True)
+        del logits
+        bind_cache(self.attn_layers, None)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
+    @torch.inference_mode()
+    def _warm_up_sampling(self) -> None:
+        """Run each sampling path once on two dummy rows (every rank together: the paths gather), so that their
+        Triton kernels compile at start-up rather than in a user's first steps."""
+        hidden = torch.zeros(2, self.config.model_config.arch.hidden_size, dtype=self.dtype, device=self.device)
+        if self.sharded_sampling:  # NOTE: rank 0 decides from its own flag; every rank has the same
+            shard = self.model.compute_logits(hidden, gather=False)  # [2, per_rank]
+            for temps in ((0.0, 0.0), (0.6, 0.0)):  # all greedy (no noise), then noisy
+                self.shard_sampler(shard, np.asarray(temps, dtype=np.float32))
+        logits = self.model.compute_logits(hidden, gather=True)  # [2, vocab] on rank 0, else None
+        if logits is None:
+            return
+        # NOTE: all-greedy batches take torch.argmax: nothing to compile. The last set loads torch's sort, top-k
+        # and penalty kernels (lazily loaded CUDA modules)
+        filtered = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, repetition_penalty=1.1, logprobs=5)
+        for params in ([SamplingParams(temperature=0.6), SamplingParams(temperature=0.0)],
+                       [SamplingParams(temperature=1.0)] * 2, [filtered] * 2):
+            meta = build_sampling_metadata(params, [()] * 2, [()] * 2, self.eos_token_ids, self.device,
+                                           self.vocab_size, generator=self.generator)
+            self.sampler(logits, meta)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def release_graphs(self) -> None:
         """Drop the CUDA graphs. NOTE: NCCL frees (and aborts) a communicator only once no graph holds its kernels."""
@@ -111,12 +189,69 @@ class ModelRunner:
             self.graph_runner.graphs.clear()
             self.graph_runner = None
 
+    # ------------------------------------------------------------------- steps
+    @torch.inference_mode()
+    def start_step(self, out: SchedulerOutput) -> Forward:
+        """Apply the step to the batch and queue its forward; ``finish_step`` samples it."""
+        inp, temps = self._prepare(out)
+        logits, prompt_slices = self.execute(inp, gather=temps is None)
+        prompt = prompt_logprobs(prompt_slices, out) if prompt_slices is not None else None
+        params = [self.batch.params[s.seq_id] for s in out.sampled]
+        words = self.batch.bad_words
+        bad_words = [words.get(s.seq_id, ()) for s in out.sampled] if words else None
+        return Forward(out, logits, prompt, params, bad_words, temps)
+
+    @torch.inference_mode()
+    def finish_step(self, fwd: Forward, grammar=None) -> StepHandle:
+        """Sample a started step (``grammar``: its masks, ``.rows`` and ``.bitmask``, or None) and start its tokens
+        on their way to the host. NOTE: before the next step starts: that one reads these tokens on the device."""
+        self.prev_sampled = None
+        if fwd.logits is None:
+            return StepHandle.ready(SampledTokens([]), fwd.prompt)
+        if fwd.temperatures is not None:
+            res = self._sample_sharded(fwd)
+        else:
+            res = self._sample(fwd, grammar)
+        self.prev_sampled = res.sampled_token_ids
+        if self.share_sampled:
+            self.tp_group.broadcast(res.sampled_token_ids, src=0)
+        return StepHandle(res, [p.logprobs for p in fwd.params], fwd.prompt)
+
+    @torch.inference_mode()
+    def execute_step(self, out: SchedulerOutput) -> None:
+        """A worker rank's step: the forward, its slice's share of a sharded sampling, then rank 0's sampled
+        ids when they feed the next step."""
+        inp, temps = self._prepare(out)
+        logits, _ = self.execute(inp, gather=temps is None)
+        if temps is not None and logits is not None:
+            self.shard_sampler(logits, temps)
+        if self.share_sampled:
+            self.prev_sampled = None
+            if len(inp.sample_indices):
+                self.prev_sampled = torch.empty(len(inp.sample_indices), dtype=torch.int64, device=self.device)
+                self.tp_group.broadcast(self.prev_sampled, src=0)
+
+    def _prepare(self, out: SchedulerOutput) -> tuple[StepInputs, np.ndarray | None]:
+        """Apply the step's news to the batch (and to the penalty statistics on rank 0); the step's inputs, and
+        its rows' temperatures when every rank samples its own vocabulary slice."""
+        self.batch.update(out)
+        if self.penalties is not None:
+            for seq_id in out.finished_seq_ids:
+                self.penalties.remove(seq_id)
+            for req in out.new_requests:
+                if req.params.has_penalties:
+                    self.penalties.add(req.seq_id, req.prompt_token_ids, req.output_token_ids or ())
+        temps = None
+        if self.sharded_sampling and out.sampled:
+            temps = sharded_temperatures([self.batch.params[s.seq_id] for s in out.sampled],
+                                         [s.num_output_tokens for s in out.sampled], self.vocab_size,
+                                         self.sampler.fused)
+        return self.batch.prepare_inputs(out), temps
+
     # ------------------------------------------------------------------- forward
-    def _to_device(self, a, dtype=None) -> torch.Tensor:
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)
-        if self.device.type == "cuda":
-            t = t.pin_memory().to(self.device, non_blocking=True)
-        return t if dtype is None else t.to(dtype)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
     def attention_metadata(self, inp: StepInputs) -> AttentionMetadata:
         return AttentionMetadata(
@@ -143,10 +278,10 @@ class ModelRunner:
         return prev
 
     @torch.inference_mode()
-    def execute(self, inp: StepInputs) -> torch.Tensor | None:
-        """Forward pass on every rank; returns logits of the sampled rows on rank 0 ([rows, vocab]). The prompt
-        logprobs the step asks for are left in ``self.prompt_logprobs`` (rank 0; see ``prompt_logprobs.py``)."""
-        self.prompt_logprobs = None
+    def execute(self, inp: StepInputs, gather: bool = True) -> tuple[torch.Tensor | None, list[torch.Tensor] | None]:
+        """The forward pass on every rank: the logits of the sampled rows (rank 0: ``[rows, vocab]``; with
+        ``gather=False`` every rank keeps its ``[rows, vocab / N]`` slice), and the log-softmax slices of the
+        positions that give prompt logprobs (rank 0; see ``minivllm.sample.prompt_logprobs``)."""
         prev = self._prev_tokens(inp)
         if self.graph_runner is not None and self.graph_runner.can_run(inp):
             hidden = self.graph_runner.run(inp, prev)
@@ -156,92 +291,34 @@ class ModelRunner:
             if prev is not None:
                 input_ids[self._to_device(inp.prev_token_index)] = prev[self._to_device(inp.prev_token_src)]
             hidden = self.model(input_ids, self._to_device(inp.positions), meta)
+        prompt = None
         if inp.prompt_logprob_index is not None:
-            self.prompt_logprobs = prompt_logits(self.model, hidden[self._to_device(inp.prompt_logprob_index)])
+            prompt = prompt_logits(self.model, hidden[self._to_device(inp.prompt_logprob_index)])
         if len(inp.sample_indices) == 0:
-            return None
+            return None, prompt
         if len(inp.sample_indices) < hidden.shape[0]:  # NOTE: all rows sampled means indices 0..n-1
             hidden = hidden[self._to_device(inp.sample_indices)]  # [rows, hidden]
-        # NOTE: a sharded-sampling step keeps each rank's [rows, per_rank] slice (no gather)
-        return self.model.compute_logits(hidden, gather=inp.sample_temperatures is None)
+        return self.model.compute_logits(hidden, gather=gather), prompt
 
-    @torch.inference_mode()
-    def execute_step(self, inp: StepInputs) -> None:
-        """A worker rank's step: the forward, its slice's share of a sharded sampling, then rank 0's sampled
-        ids when they feed the next step."""
-        logits = self.execute(inp)
-        if inp.sample_temperatures is not None and logits is not None:
-            self.shard_sampler(logits, inp.sample_temperatures)
-        num_sampled = len(inp.sample_indices)
-        if self.share_sampled:
-            self.prev_sampled = None
-            if num_sampled:
-                self.prev_sampled = torch.empty(num_sampled, dtype=torch.int64, device=self.device)
-                self.tp_group.broadcast(self.prev_sampled, src=0)
-
-    @torch.inference_mode()
-    def run(self, out: SchedulerOutput, inp: StepInputs | None = None) -> SampledTokens:
-        """One step, waiting for its tokens: ``launch(out, inp).result()``."""
-        return self.launch(out, inp).result()
-
-    @torch.inference_mode()
-    def launch(self, out: SchedulerOutput, inp: StepInputs | None = None) -> StepHandle:
-        """Prepare, forward and sample one step without waiting for the device."""
-        return self._finish_step(self._start_step(out, inp))
-
-    @torch.inference_mode()
-    def start_step(self, out: SchedulerOutput, inp: StepInputs | None = None) -> Forward:
-        """Queue one step's forward; ``finish_step`` samples it (grammar masks are filled in between)."""
-        return self._start_step(out, inp)
-
-    @torch.inference_mode()
-    def finish_step(self, fwd: Forward, grammar=None) -> StepHandle:
-        """Sample a started step (``grammar``: its masks, ``.rows`` and ``.bitmask``, or None) and start its tokens
-        on their way to the host. NOTE: before the next step starts: that one reads these tokens on the device."""
-        return self._finish_step(fwd, grammar)
-
-    def _start_step(self, out: SchedulerOutput, inp: StepInputs | None) -> Forward:
-        inp = inp if inp is not None else self.prepare_inputs(out)
-        logits = self.execute(inp)
-        prompt = prompt_logprobs(self.prompt_logprobs, out) if self.prompt_logprobs is not None else None
-        return Forward(out, inp, logits, prompt)
-
-    def _finish_step(self, fwd: Forward, grammar=None) -> StepHandle:
-        out, inp, logits = fwd.out, fwd.inp, fwd.logits
-        self.prev_sampled = None
-        if logits is None:
-            return StepHandle.ready(SampledTokens([]), fwd.prompt)
-        if inp.sample_temperatures is not None:
-            res = self._sample_sharded(logits, inp, out)
-        else:
-            res = self._sample(logits, out, grammar)
-        self.prev_sampled = res.sampled_token_ids
-        if self.share_sampled:
-            self.tp_group.broadcast(res.sampled_token_ids, src=0)
-        return StepHandle(res, [s.params.logprobs for s in out.sampled], fwd.prompt)
-
-    def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
-        """Rank 0: the step's ``StepInputs`` for every rank, marked for sharded sampling where it applies."""
-        temps = None
-        if self.sharded_sampling and out.sampled:
-            temps = sharded_temperatures([s.params for s in out.sampled], [s.num_output_tokens for s in out.sampled],
-                                         self.vocab_size, self.sampler.fused)
-        return build_step_inputs(out, self.block_size, temps)
-
-    def _sample_sharded(self, logits: torch.Tensor, inp: StepInputs, out: SchedulerOutput) -> SamplerOutput:
-        """Rank 0's side of a sharded sampling step (``logits``: its own vocabulary slice)."""
-        keys = seeded_keys([s.params for s in out.sampled], [s.num_output_tokens for s in out.sampled])
+    # ------------------------------------------------------------------- sampling
+    def _sample_sharded(self, fwd: Forward) -> SamplerOutput:
+        """Rank 0's side of a sharded sampling step (``fwd.logits``: its own vocabulary slice)."""
+        keys = seeded_keys(fwd.params, [s.num_output_tokens for s in fwd.out.sampled])
         self.num_sharded_steps += 1
-        return SamplerOutput(self.shard_sampler(logits, inp.sample_temperatures, keys))
+        return SamplerOutput(self.shard_sampler(fwd.logits, fwd.temperatures, keys, self.generator))
 
-    def _sample(self, logits: torch.Tensor, out: SchedulerOutput, grammar=None) -> SamplerOutput:
-        rows = out.sampled
-        params = [s.params for s in rows]
-        if any(s.penalty_token_ids is not None for s in rows):
-            prompts = [s.penalty_token_ids[0] if s.penalty_token_ids else () for s in rows]
-            outputs = [s.penalty_token_ids[1] if s.penalty_token_ids else range(s.num_output_tokens) for s in rows]
-        else:  # NOTE: without penalties only the output lengths are read (seeds, min_tokens): no copies
-            prompts, outputs = [()] * len(rows), [range(s.num_output_tokens) for s in rows]
-        meta = build_sampling_metadata(params, prompts, outputs, self.eos_token_ids, self.device, self.vocab_size,
-                                       grammar=(grammar.rows, grammar.bitmask) if grammar is not None else None)
-        return self.sampler(logits, meta)
+    def _sample(self, fwd: Forward, grammar=None) -> SamplerOutput:
+        rows = fwd.out.sampled
+        seq_ids = [s.seq_id for s in rows]
+        penalized = any(p.has_penalties for p in fwd.params)
+        meta = build_sampling_metadata(
+            fwd.params, [()] * len(rows), [s.output_tail or () for s in rows], self.eos_token_ids, self.device,
+            self.vocab_size, self.generator,
+            grammar=(grammar.rows, grammar.bitmask) if grammar is not None else None,
+            bad_words=fwd.bad_words,
+            num_generated=[s.num_output_tokens for s in rows],
+            penalty_tensors=self.penalties.gather(seq_ids) if penalized else None)
+        res = self.sampler(fwd.logits, meta)
+        if self.penalties.rows:
+            self.penalties.record(seq_ids, res.sampled_token_ids)
+        return res

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.sample.prompt_logprobs import PromptLogprobs
-from minivllm.worker.executor import SampledTokens
+from minivllm.worker.outputs import SampledTokens
 
 
 class StepHandle:

@@ -26,9 +26,15 @@ import torch
 
 from minivllm.config import Config
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.worker.executor import SampledTokens
+from minivllm.worker.cpu_threads import set_cpu_threads
+from minivllm.worker.model_runner import Forward, ModelRunner, device_for_rank
+from minivllm.worker.outputs import SampledTokens
+from minivllm.worker.step_handle import StepHandle
 from minivllm.worker.tp_worker import (
     HEADER,
+    ExecuteStep,
+    Shutdown,
+    WorkerMessage,
     dump_stacks_if_stalled,
     free_port,
     new_group,
@@ -56,14 +62,10 @@ def _exit_if_importing_main() -> None:
 class MultiProcExecutor:
     """Tensor parallel size > 1: rank 0 here, ranks 1..N-1 in spawned worker processes.
 
-    Same interface as ``UniProcExecutor``: ``run(scheduler_output) -> SampledTokens``,
-    ``num_kvcache_blocks`` and an idempotent ``close()``.
+    An ``Executor``: ``start_step`` / ``finish_step``, ``num_kvcache_blocks`` and an idempotent ``close()``.
     """
 
     def __init__(self, config: Config):
-        from minivllm.worker.cpu_threads import set_cpu_threads
-        from minivllm.worker.model_runner import ModelRunner, device_for_rank
-
         _exit_if_importing_main()
         self.config = config
         self.runner = None
@@ -115,32 +117,24 @@ class MultiProcExecutor:
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
 
     # ------------------------------------------------------------------ steps
-    def launch(self, out: SchedulerOutput) -> _TPStepHandle:
-        """Start one step on every rank; ``result()`` of the handle gives rank 0's sampled tokens.
-
-        Raises RuntimeError (here or from ``result()``) if a worker died.
-        """
-        return self.finish_step(self.start_step(out))
-
-    def start_step(self, out: SchedulerOutput):
+    def start_step(self, out: SchedulerOutput) -> Forward:
         """Queue one step's forward on every rank; ``finish_step`` samples it (rank 0), and the workers' share of
-        the step (a sharded sampling, the broadcast of the tokens) waits on the device until then."""
+        the step (a sharded sampling, the broadcast of the tokens) waits on the device until then.
+
+        Raises RuntimeError (here or from the handle's ``result()``) if a worker died.
+        """
         self._raise_if_failed()
         if self.runner is None:
             raise RuntimeError("the tensor-parallel executor is closed")
-        # NOTE: built once; every rank takes the same path (eager or CUDA graph, logits or not,
-        # gathered or sharded sampling) because it depends only on these inputs, so the
-        # collectives match across ranks.
-        inp = self.runner.prepare_inputs(out)
-        self._broadcast("execute_step", inp)
-        return self._guard(self.runner.start_step, out, inp)
+        # NOTE: every rank takes the same path (eager or CUDA graph, logits or not, gathered or sharded
+        # sampling) because it depends only on this output and the batch it updates, the same on every rank,
+        # so the collectives match across ranks
+        self._send(ExecuteStep(_for_workers(out)))
+        return self._guard(self.runner.start_step, out)
 
-    def finish_step(self, fwd, grammar=None) -> _TPStepHandle:
+    def finish_step(self, forward: Forward, grammar=None) -> _TPStepHandle:
         """Sample a started step on rank 0 (with its grammar masks); returns its handle."""
-        return _TPStepHandle(self, self._guard(self.runner.finish_step, fwd, grammar))
-
-    def run(self, out: SchedulerOutput) -> SampledTokens:
-        return self.launch(out).result()
+        return _TPStepHandle(self, self._guard(self.runner.finish_step, forward, grammar))
 
     def _guard(self, fn, *args):
         """``fn(*args)`` on rank 0, turning a dead worker or a failed collective into a clear error."""
@@ -170,12 +164,13 @@ class MultiProcExecutor:
                     raise RuntimeError(f"tensor-parallel worker rank {rank} did not read its command")
         self._unacked = False
 
-    def _broadcast(self, method: str, *args, timeout: float | None = None) -> None:
+    def _send(self, msg: WorkerMessage, timeout: float | None = None) -> None:
+        """Write ``msg`` for every worker and wake them (after they have read the previous one)."""
         self._wait_acks(timeout)
-        data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         end = HEADER.size + len(data)
         if end > self.shm.size:
-            raise RuntimeError(f"step inputs of {len(data)} bytes exceed the {self.shm.size}-byte shared memory")
+            raise RuntimeError(f"a step of {len(data)} bytes exceeds the {self.shm.size}-byte shared memory")
         self.shm.buf[HEADER.size:end] = data
         HEADER.pack_into(self.shm.buf, 0, len(data))
         self._unacked = True
@@ -238,7 +233,7 @@ class MultiProcExecutor:
             self._monitor_thread.join(15.0)  # NOTE: so the monitor cannot report the exits below
         if self._failure is None and any(p.exitcode is None for p in self.procs):
             with suppress(ValueError, BufferError, RuntimeError):
-                self._broadcast("exit", timeout=_EXIT_TIMEOUT_S)
+                self._send(Shutdown(), timeout=_EXIT_TIMEOUT_S)
         deadline = time.monotonic() + _EXIT_TIMEOUT_S
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -263,10 +258,18 @@ class MultiProcExecutor:
             self.shm.unlink()
 
 
+def _for_workers(out: SchedulerOutput) -> SchedulerOutput:
+    """``out`` without the token values that only rank 0's sampler reads (penalties' statistics)."""
+    if not any(r.prompt_token_ids or r.output_token_ids for r in out.new_requests):
+        return out
+    return out._replace(new_requests=tuple(r._replace(prompt_token_ids=None, output_token_ids=None)
+                                           for r in out.new_requests))
+
+
 class _TPStepHandle:
     """Rank 0's step handle, with the executor's dead-worker checks around ``result()``."""
 
-    def __init__(self, executor: MultiProcExecutor, handle):
+    def __init__(self, executor: MultiProcExecutor, handle: StepHandle):
         self.executor, self.handle = executor, handle
 
     def result(self) -> SampledTokens:

@@ -1,8 +1,8 @@
 """Tensor-parallel worker processes (ranks 1..N-1) and the channel rank 0 talks to them through.
 
-A command is ``(method, args)`` pickled into a shared-memory block after an 8-byte length header;
-rank 0 releases a worker's ``wakeup`` semaphore, the worker reads the command, releases ``ack``
-(rank 0 may then overwrite it) and runs ``ModelRunner.<method>(*args)``.
+A message (``ExecuteStep`` or ``Shutdown``) is pickled into a shared-memory block after an 8-byte length
+header; rank 0 releases a worker's ``wakeup`` semaphore, the worker reads the message, releases ``ack``
+(rank 0 may then overwrite it) and handles it.
 """
 
 from __future__ import annotations
@@ -14,14 +14,31 @@ import struct
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
 
 import torch
 
 from minivllm.config import Config
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.group import TPGroup
 
 HEADER = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class ExecuteStep:
+    """Run one step (``ModelRunner.execute_step``): every rank applies the same scheduler output to its batch."""
+
+    out: SchedulerOutput
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Leave the loop, release the graphs and the group, and exit."""
+
+
+WorkerMessage = ExecuteStep | Shutdown
 _POLL_S = 0.5  # how often a waiting worker checks that its parent is alive
 
 
@@ -32,12 +49,12 @@ def free_port() -> int:
 
 
 def shm_size(config: Config) -> int:
-    """Bound on one pickled step: 3 int64 per token, a block-table row and a few scalars per sequence
-    (a sampled row's temperature among them)."""
+    """Bound on one pickled step: its new token ids, and per row a few scalars and its new block ids; at most
+    every sequence new to the runner, with its whole block table and parameters."""
     sc = config.scheduler_config
     max_blocks = -(-config.model_config.max_model_len // config.cache_config.kvcache_block_size)
     rows = min(sc.max_num_seqs, sc.max_num_batched_tokens)
-    return 2 * (65536 + 32 * sc.max_num_batched_tokens + rows * (4 * max_blocks + 20))
+    return 2 * (65536 + 16 * sc.max_num_batched_tokens + rows * (16 * max_blocks + 2048))
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -64,7 +81,7 @@ def new_group(config: Config, device: torch.device, rank: int, init_method: str,
 
 def worker_main(config: Config, rank: int, init_method: str, shm_name: str, wakeup, ack, ready,
                  parent_pid: int) -> None:
-    """Entry point of rank ``rank`` (>= 1): build a ModelRunner, then run commands until "exit"."""
+    """Entry point of rank ``rank`` (>= 1): build a ModelRunner, then handle messages until ``Shutdown``."""
     if config.device_config.device == "cpu":
         torch.set_num_threads(1)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
@@ -85,11 +102,15 @@ def worker_main(config: Config, rank: int, init_method: str, shm_name: str, wake
                 if os.getppid() != parent_pid:
                     return
             (n,) = HEADER.unpack_from(shm.buf, 0)
-            method, args = pickle.loads(shm.buf[HEADER.size:HEADER.size + n])
-            ack.release()  # NOTE: rank 0 may now write the next command over this one
-            if method == "exit":
-                break
-            getattr(runner, method)(*args)
+            msg: WorkerMessage = pickle.loads(shm.buf[HEADER.size:HEADER.size + n])
+            ack.release()  # NOTE: rank 0 may now write the next message over this one
+            match msg:
+                case ExecuteStep(out=out):
+                    runner.execute_step(out)
+                case Shutdown():
+                    break
+                case _:
+                    raise RuntimeError(f"tensor-parallel worker rank {rank}: unknown message {msg!r}")
     finally:
         if runner is not None:
             runner.release_graphs()

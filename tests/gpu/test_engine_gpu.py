@@ -24,7 +24,7 @@ def test_cuda_graphs_equal_eager_float32(tiny_model):
     expected = ids(eager.generate(PROMPTS, GREEDY, use_tqdm=False))
     eager.close()
     graphs = LLM(tiny_model, **kw)
-    assert graphs.executor.runner.graph_runner is not None
+    assert graphs.engine.executor.runner.graph_runner is not None
     # 40 prompts decode at batch sizes from 40 down: replays padded graphs of several sizes
     assert ids(graphs.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
     assert ids(graphs.generate(PROMPTS[:3], GREEDY, use_tqdm=False)) == expected[:3]
@@ -41,11 +41,11 @@ def test_async_scheduling_equals_sync_float32(tiny_model):
     expected = [ids(sync.generate(PROMPTS, p, use_tqdm=False)) for p in (sampled, stop, fused)]
     sync.close()
     asyn = LLM(tiny_model, async_scheduling=True, **kw)
-    assert asyn.executor.runner.graph_runner is not None
+    assert asyn.engine.executor.runner.graph_runner is not None
     assert ids(asyn.generate(PROMPTS, GREEDY, use_tqdm=False)) == greedy
     assert [ids(asyn.generate(PROMPTS, p, use_tqdm=False)) for p in (sampled, stop, fused)] == expected
     assert all(len(t) < 32 for t in expected[1])  # every request stopped early on its stop id
-    assert asyn.block_manager.num_used_blocks == 0
+    assert asyn.engine.block_manager.num_used_blocks == 0
 
 
 def test_gpu_equals_cpu_first_tokens(tiny_model):
@@ -70,7 +70,7 @@ def test_demo_model_bf16_cuda_graphs_matches_transformers():
     from demo_compare import PROMPTS, compare_with_transformers
 
     llm = LLM(DEMO, dtype="bfloat16", gpu_memory_utilization=0.3)
-    assert llm.executor.runner.graph_runner is not None  # decode steps replay CUDA graphs
+    assert llm.engine.executor.runner.graph_runner is not None  # decode steps replay CUDA graphs
     outs = ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
     llm.close()
     matches, bad = compare_with_transformers(DEMO, outs, "cuda")

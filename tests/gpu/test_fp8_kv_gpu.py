@@ -70,7 +70,7 @@ def test_fp8_engine_on_gpu_matches_cpu_engine(tiny_model):
     kw = dict(dtype="float32", kv_cache_dtype="fp8")
     cpu = ids(LLM(tiny_model, device="cpu", **kw).generate(PROMPTS[:12], GREEDY, use_tqdm=False))
     llm = LLM(tiny_model, device="cuda", gpu_memory_utilization=0.3, **kw)
-    assert llm.executor.runner.graph_runner is not None and llm.config.scheduler_config.async_scheduling
+    assert llm.engine.executor.runner.graph_runner is not None and llm.engine.config.scheduler_config.async_scheduling
     gpu = ids(llm.generate(PROMPTS[:12], GREEDY, use_tqdm=False))
     assert [g[:8] for g in gpu] == [c[:8] for c in cpu]
     assert sum(g == c for g, c in zip(gpu, cpu)) >= 10

@@ -99,6 +99,6 @@ def test_engine_pdl_equals_plain_bf16(tiny_model):
     with _plain_launches(), LLM(tiny_model, **kw) as plain:
         expected = [o["token_ids"] for o in plain.generate(prompts, greedy, use_tqdm=False)]
     with LLM(tiny_model, **kw) as with_pdl:
-        assert with_pdl.executor.runner.graph_runner is not None
+        assert with_pdl.engine.executor.runner.graph_runner is not None
         got = [o["token_ids"] for o in with_pdl.generate(prompts, greedy, use_tqdm=False)]
     assert got == expected

@@ -24,8 +24,8 @@ def test_tp2_equals_tp1_float32(tiny_model, graphs):
     with LLM(tiny_model, **kw) as one:
         expected = [o["token_ids"] for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
     with LLM(tiny_model, tensor_parallel_size=2, **kw) as two:
-        assert (two.executor.runner.graph_runner is not None) == graphs
-        assert two.executor.runner.tp_group.custom_ar is not None  # on by default
+        assert (two.engine.executor.runner.graph_runner is not None) == graphs
+        assert two.engine.executor.runner.tp_group.custom_ar is not None  # on by default
         got = [o["token_ids"] for o in two.generate(PROMPTS, GREEDY, use_tqdm=False)]
     assert got == expected
 
@@ -37,7 +37,7 @@ def _check_tp_equals_tp1(model: str, tp: int, check, params=GREEDY, prompts=PROM
     with LLM(model, **kw) as one:
         expected = [o["token_ids"] for o in one.generate(prompts, params, use_tqdm=False)]
     with LLM(model, tensor_parallel_size=tp, **kw, **engine_args) as many:
-        check(many.executor.runner)
+        check(many.engine.executor.runner)
         got = [o["token_ids"] for o in many.generate(prompts, params, use_tqdm=False)]
     diffs = [(i, next((j for j, (a, b) in enumerate(zip(g, e)) if a != b), min(len(g), len(e))), g, e)
              for i, (g, e) in enumerate(zip(got, expected)) if g != e]
@@ -130,19 +130,19 @@ def test_killed_worker_on_gpu_raises_clear_error(tiny_tied_model):
     """NCCL: a worker killed mid-generation -> RuntimeError within 30 s (the group is aborted), no hang."""
     llm = LLM(tiny_tied_model, tensor_parallel_size=2, device="cuda", dtype="float32", gpu_memory_utilization=0.3,
               max_model_len=1024)
-    assert llm.config.scheduler_config.async_scheduling and llm.executor.runner.share_sampled
-    pid = llm.executor.procs[0].pid
+    assert llm.engine.config.scheduler_config.async_scheduling and llm.engine.executor.runner.share_sampled
+    pid = llm.engine.executor.procs[0].pid
     try:
         for p in PROMPTS[:4]:
-            llm.add_request(p, SamplingParams(temperature=0, ignore_eos=True, max_tokens=900))
+            llm.engine.add_request(p, SamplingParams(temperature=0, ignore_eos=True, max_tokens=900))
         for _ in range(3):
-            llm.step()
+            llm.engine.step()
         threading.Timer(0.05, os.kill, (pid, signal.SIGKILL)).start()
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match=r"worker rank 1 died"):
             while time.monotonic() - t0 < 30:
-                llm.step()
+                llm.engine.step()
         assert time.monotonic() - t0 < 30
     finally:
         llm.close()
-    assert llm.executor.procs[0].exitcode is not None
+    assert llm.engine.executor.procs[0].exitcode is not None

@@ -3,8 +3,12 @@ constrained sequence, and fills the token bitmask of a step's constrained rows.
 
 Compiled grammars are cached by constraint (``StructuredOutputsParams.key``): a sequence starts from a copy of
 the cached template, so a schema used by many requests compiles once. Compiling runs on a worker thread; a
-request whose grammar is not ready yet waits outside the scheduler (``LLMEngine``), so a large schema never
-stalls the other requests' steps.
+request whose grammar is not ready yet waits here (``submit``), outside the scheduler, until the engine's step
+takes it (``take_compiled``), so a large schema never stalls the other requests' steps.
+
+The engine's step calls it at named points: ``take_compiled`` (admission), ``constrains`` (does a step's
+sampling wait for masks?), ``fill_async`` (fill them while the forward runs, once the grammars hold every
+earlier token), ``bitmask`` (fill them now), ``accept`` (advance a sequence by its new token).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class StructuredOutputManager:
         self._mask_pool: concurrent.futures.ThreadPoolExecutor | None = None  # fills masks
         self._executor = None  # llguidance's thread pool for the parallel mask fill
         self.grammars: dict[int, Grammar] = {}  # seq id -> its grammar state
+        self._compiling: dict[str, concurrent.futures.Future] = {}  # request id -> its grammar's compilation
 
     # ------------------------------------------------------------------ compile
     def prepare(self, so: StructuredOutputsParams):
@@ -72,11 +77,36 @@ class StructuredOutputManager:
         with self._lock:
             return so.key() in self._cache
 
-    def submit(self, so: StructuredOutputsParams) -> concurrent.futures.Future:
-        """``prepare(so)`` on the compile thread; the future holds the template or the ValueError."""
+    # ------------------------------------------------------------------ admission
+    def submit(self, request_id: str, so: StructuredOutputsParams) -> None:
+        """Compile ``so`` on the compile thread for request ``request_id``, which waits until ``take_compiled``
+        hands it back."""
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="minivllm-grammar")
-        return self._pool.submit(self.prepare, so)
+        self._compiling[request_id] = self._pool.submit(self.prepare, so)
+
+    @property
+    def num_compiling(self) -> int:
+        """Requests whose grammar is being compiled."""
+        return len(self._compiling)
+
+    def cancel(self, request_id: str) -> bool:
+        """Forget a request waiting for its grammar; False if none was."""
+        return self._compiling.pop(request_id, None) is not None
+
+    def take_compiled(self, wait: bool = False) -> list[tuple[str, object | None, BaseException | None]]:
+        """``(request id, template, None)`` of each request whose grammar is compiled, ``(request id, None,
+        error)`` of each whose grammar failed; ``wait``: first wait a moment for one (nothing else can run)."""
+        if wait and self._compiling:
+            concurrent.futures.wait(list(self._compiling.values()), timeout=0.05,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+        done = []
+        for request_id, fut in list(self._compiling.items()):
+            if fut.done():
+                del self._compiling[request_id]
+                error = fut.exception()
+                done.append((request_id, None if error is not None else fut.result(), error))
+        return done
 
     def validate(self, so: StructuredOutputsParams) -> None:
         """Check the constraint now, without compiling it for the tokenizer (ValueError naming the field)."""
@@ -105,6 +135,11 @@ class StructuredOutputManager:
 
     def drop(self, seq_id: int) -> None:
         self.grammars.pop(seq_id, None)
+
+    def constrains(self, out: SchedulerOutput) -> bool:
+        """Whether a sampled row of ``out`` is under a grammar (its sampling then waits for the masks)."""
+        grammars = self.grammars
+        return bool(grammars) and any(s.seq_id in grammars for s in out.sampled)
 
     def bitmask(self, out: SchedulerOutput) -> GrammarBitmask | None:
         """The masks of ``out``'s constrained sampled rows, each row's grammar advanced to its newest token
@@ -135,6 +170,7 @@ class StructuredOutputManager:
         return self._mask_pool.submit(self.bitmask, out)
 
     def close(self) -> None:
+        self._compiling.clear()
         for pool in (self._pool, self._mask_pool):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,27 @@
+"""What the worker hands back to the engine for one step: the sampled tokens and their logprobs, on the host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SampledTokens:
+    """Host-side sampler results for the rows sampled in one step (batch order)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None  # logprob of each sampled token
+    top_ids: list[list[int]] | None = None  # [rows][k] top alternatives
+    top_logprobs: list[list[float]] | None = None
+    num_top: list[int] | None = None  # how many alternatives each row asked for (None: no logprobs)
+    # (seq_id, first prompt token, [{target: Logprob, alt: Logprob, ...}, ...]) of the rows with prompt logprobs
+    prompt_logprobs: list[tuple[int, int, list[dict]]] | None = None
+
+    def logprobs_of(self, row: int) -> dict[int, float] | None:
+        """``{sampled_id: logprob, alt_id: logprob, ...}`` for a row that asked for logprobs, else None."""
+        if self.logprobs is None or self.num_top is None or self.num_top[row] is None:
+            return None
+        d = {self.token_ids[row]: self.logprobs[row]}
+        for tid, lp in zip(self.top_ids[row][: self.num_top[row]], self.top_logprobs[row][: self.num_top[row]]):
+            d.setdefault(tid, lp)
+        return d
