@@ -1,5 +1,5 @@
 """Before a ``ModelRunner``'s first step: run each sampling path once so that no Triton kernel compiles in a
-user's first requests (``benchmarks/lazy_compiles.py`` checks that)."""
+user's first requests (``benchmarks/engine/lazy_compiles.py`` checks that)."""
 
 from __future__ import annotations
 

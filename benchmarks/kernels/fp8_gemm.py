@@ -9,9 +9,9 @@ a 256 MB buffer is zeroed so that the weights come from HBM, not L2. TFLOP/s is 
 column's time; "vs bf16" and "vs ch" are the bf16 and per-channel times over the block column's (above 1: the
 block GEMM is faster).
 
-    PYTHONPATH=. python benchmarks/fp8_gemm_bench.py
-    PYTHONPATH=. python benchmarks/fp8_gemm_bench.py --ms 1 64 512 --shapes qkv down
-    PYTHONPATH=. python benchmarks/fp8_gemm_bench.py --configs 16x64x128x8x4x4 64x128x128x8x4x4   # GEMM alone,
+    PYTHONPATH=. python benchmarks/kernels/fp8_gemm.py
+    PYTHONPATH=. python benchmarks/kernels/fp8_gemm.py --ms 1 64 512 --shapes qkv down
+    PYTHONPATH=. python benchmarks/kernels/fp8_gemm.py --configs 16x64x128x8x4x4 64x128x128x8x4x4   # GEMM alone,
         BLOCK_MxBLOCK_NxBLOCK_KxSWIZZLE_MxSTAGESxWARPS tile configurations against the table's choice
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
 
 # Qwen3-8B's linear layers at TP=1: (N, K)
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                         "configurations (BMxBNxBKxSWIZZLExSTAGESxWARPS) instead of the comparison table")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("fp8_gemm_bench.py needs a CUDA GPU; nothing to do on this machine.")
+        print("fp8_gemm.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
     from minivllm.kernels.fp8_block_gemm import fp8_gemm_config, quantize_fp8_per_group
     from minivllm.kernels.reference import quantize_weight_fp8_ref

@@ -8,8 +8,8 @@ medians of ``--iters`` samples, each ``--reps`` back-to-back calls, per call: "g
 them (GPU time, as the decode path runs), "eager" launches them from Python. The inputs stay in L2 between
 calls (up to 24 MiB at 512 tokens).
 
-    PYTHONPATH=. python benchmarks/fused_quant_bench.py
-    PYTHONPATH=. python benchmarks/fused_quant_bench.py --tokens 1 16 --inter 25600 --hidden 5120
+    PYTHONPATH=. python benchmarks/kernels/fused_quant.py
+    PYTHONPATH=. python benchmarks/kernels/fused_quant.py --tokens 1 16 --inter 25600 --hidden 5120
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
 
 
 def cases(m: int, hidden: int, inter: int, dtype: torch.dtype):
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20, help="calls per sample")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("fused_quant_bench.py needs a CUDA GPU; nothing to do on this machine.")
+        print("fused_quant.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
     dtype = getattr(torch, args.dtype)
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  hidden {args.hidden}  inter {args.inter}  "

@@ -1,6 +1,6 @@
 """Scale-out simulation: 1 to 64 data-parallel minivllm replicas behind a router, Poisson load, on the CPU.
 
-Each replica is a fake engine (``benchmarks/lib/scale_out_model.py``): minivllm's token-budget scheduler with
+Each replica is a fake engine (``benchmarks/scale_out/scale_out_model.py``): minivllm's token-budget scheduler with
 chunked prefill, step by step, each step costing
 
     ms = fixed + per_row * decode rows + per_context * keys the decode rows attend to + per_prefill * prompt tokens
@@ -28,7 +28,7 @@ TTFT percentiles cover the requests that arrive after ``--warmup`` seconds; thro
 made from then to the last arrival (offered tok/s: those the requests ask for, over the same time). The engines
 run minivllm's GPU defaults: 256 sequences, 16,384 tokens a step, asynchronous scheduling.
 
-    python benchmarks/scale_out_sim.py --jobs 2 --json-out runs/scale_out.json --out docs/img/scale_out_sim.png
+    python benchmarks/scale_out/scale_out_sim.py --jobs 2 --json-out runs/scale_out.json --out docs/img/scale_out_sim.png
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scale_out_model import ROUTERS, CostModel, Limits, Request, simulate  # noqa: E402
 

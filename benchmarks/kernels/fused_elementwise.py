@@ -6,8 +6,8 @@ decode (n = 1, 64, 256) and prefill (n = 8192) token counts. Each cell is the me
 ``do_bench_cudagraph`` (replayed CUDA graph: GPU time, as the decode path runs); GB/s is the
 fused kernel's DRAM traffic over its graph time.
 
-    python benchmarks/bench_fused.py
-    python benchmarks/bench_fused.py --tokens 1 64 --hidden 5120 --heads 64 8 128 --inter 25600
+    python benchmarks/kernels/fused_elementwise.py
+    python benchmarks/kernels/fused_elementwise.py --tokens 1 64 --hidden 5120 --heads 64 8 128 --inter 25600
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
 
 
 # per decoder layer: input and post-attention add+RMSNorm, q/k norm + RoPE, SiLU * up
@@ -70,7 +70,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("bench_fused.py needs a CUDA GPU; nothing to do on this machine.")
+        print("fused_elementwise.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
     from triton.testing import do_bench, do_bench_cudagraph
 
