@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from timing import do_bench_us  # noqa: E402
 
 
 def make_decode_batch(batch, context, block_size, num_heads, num_kv_heads, head_dim, dtype, layout="nhd"):
@@ -63,8 +65,6 @@ def main() -> int:
         print("decode_attention.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
 
-    import triton.testing
-
     from minivllm.kernels.paged_attention import paged_attention
     from minivllm.kernels.paged_decode import choose_num_splits, num_sms, paged_decode_split_kv
     from minivllm.kernels.reference import paged_attention_ref
@@ -83,11 +83,7 @@ def main() -> int:
     sms = num_sms(torch.device("cuda"))
 
     def bench(fn) -> float:  # median microseconds
-        fn()  # compile outside any graph capture
-        torch.cuda.synchronize()  # NOTE: do_bench_cudagraph runs fn on a new stream: inputs must be ready
-        if args.cuda_graph:
-            return triton.testing.do_bench_cudagraph(fn, return_mode="median") * 1e3
-        return triton.testing.do_bench(fn, return_mode="median") * 1e3
+        return do_bench_us(fn, args.cuda_graph)
 
     mode = "CUDA-graph replay" if args.cuda_graph else "eager do_bench"
     print(f"# {torch.cuda.get_device_name()} ({sms} SMs), q/kv heads {num_heads}/{num_kv_heads}, "
