@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     if ours:
         rows += [["minivllm output tok/s", ours], ["ratio minivllm / transformers", result["ratio"]]]
     if ref is not None and ref.transformers and default_sizes:
-        rows += [["issue 8: transformers (tok/s)", ref.transformers], ["issue 8: vLLM 0.24.0 (tok/s)", ref.vllm]]
+        rows += [["reference: transformers (tok/s)", ref.transformers], ["reference: vLLM 0.24.0 (tok/s)", ref.vllm]]
     common.print_table("transformers baseline", ["metric", "value"], rows)
     return result
 
