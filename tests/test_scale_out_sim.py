@@ -1,4 +1,4 @@
-"""The scale-out simulation (benchmarks/scale_out_sim.py and benchmarks/lib/scale_out_model.py): exact step
+"""The scale-out simulation (benchmarks/scale_out/scale_out_sim.py and scale_out_model.py beside it): exact step
 times and compositions, the step builder against minivllm's own scheduler, routing, and scaling."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 from scheduler_utils import fake_tokens, make_scheduler, make_seq, step
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH / "lib"))
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "scale_out"
+sys.path.insert(0, str(BENCH))
 
 from scale_out_model import CostModel, Limits, Replica, Request, plan_step, simulate  # noqa: E402
 

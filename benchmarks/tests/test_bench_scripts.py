@@ -1,5 +1,5 @@
-"""Smoke tests of the lab's benchmark scripts (benchmarks/*.py), each end to end on the CPU with tiny sizes
-(moved from tests/test_bench_smoke.py: the scripts are lab tooling, not the package)."""
+"""Smoke tests of the engine benchmark scripts (benchmarks/engine/*.py), each end to end on the CPU with tiny
+sizes (the scripts are not part of the package; ``minivllm bench`` is tested in tests/test_bench_smoke.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ TINY = ["--device", "cpu", "--max-model-len", "256", "--num-kvcache-blocks", "64
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    """The module of ``benchmarks/engine/<name>.py``."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / "engine" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

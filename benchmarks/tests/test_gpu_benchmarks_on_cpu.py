@@ -11,7 +11,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ["bench_fused.py", "bench_kernels.py"]
+SCRIPTS = ["kernels/fused_elementwise.py", "kernels/decode_attention.py"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")

@@ -1,5 +1,5 @@
-"""benchmarks/gpu_summary.py: one row per throughput result with vLLM's reference beside it, and the change in
-percent of each compare pair."""
+"""benchmarks/gpu_machine/gpu_summary.py: one row per throughput result with vLLM's reference beside it, and the
+change in percent of each compare pair."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _throughput(model: str, workload: str, value: float, runs: list[float]) -> d
 
 
 def _summary(folder: Path) -> list[str]:
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_summary.py"), str(folder)],
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_machine" / "gpu_summary.py"), str(folder)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()

@@ -1,4 +1,4 @@
-"""benchmarks/rank_proxy.py: one rank's shapes as a config, and tp_scaling.py --rank-proxy end to end (CPU)."""
+"""benchmarks/engine/rank_proxy.py: one rank's shapes as a config, and tp_scaling.py --rank-proxy end to end (CPU)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "engine"))
 
 from rank_proxy import overhead_table, rank_config  # noqa: E402
 
@@ -18,7 +18,7 @@ from rank_proxy import overhead_table, rank_config  # noqa: E402
 def _config(name: str) -> dict:
     from minivllm.entrypoints.bench.models import resolve_model
 
-    folder = ROOT / "benchmarks" / "configs" / name
+    folder = ROOT / "benchmarks" / "engine" / "configs" / name
     if not folder.is_dir():  # a config shipped with the package
         folder = Path(resolve_model(name)[0])
     return json.loads((folder / "config.json").read_text())
@@ -57,8 +57,8 @@ def test_overhead_table():
 @pytest.mark.slow
 def test_tp_scaling_rank_proxy_on_cpu(tmp_path):
     out = tmp_path / "tp.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "tp_scaling.py"), "--model", str(ROOT / "benchmarks" / "configs" /
-           "tiny-qwen3"), "--device", "cpu", "--tp", "2", "--rank-proxy", "--num-seqs", "2", "--max-input-len", "100",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "engine" / "tp_scaling.py"), "--model", "tiny-qwen3",
+           "--device", "cpu", "--tp", "2", "--rank-proxy", "--num-seqs", "2", "--max-input-len", "100",
            "--max-output-len", "100", "--latency-input-len", "4", "--latency-output-len", "4", "--size-timeout", "240",
            "--json-out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -1,5 +1,5 @@
-"""benchmarks/reference.py: the vLLM reference numbers and targets of the lab's benchmark runs
-(moved from tests/test_bench_smoke.py with the module, which left the package)."""
+"""benchmarks/lib/reference.py: vLLM 0.24.0's reference figures and the targets beside which the GPU runs'
+results are printed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _reference():
-    spec = importlib.util.spec_from_file_location("bench_reference", ROOT / "benchmarks" / "reference.py")
+    spec = importlib.util.spec_from_file_location("bench_reference", ROOT / "benchmarks" / "lib" / "reference.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # NOTE: its dataclasses look their module up there
     spec.loader.exec_module(mod)

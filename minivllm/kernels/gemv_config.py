@@ -2,7 +2,7 @@
 
 ``use_gemv`` decides per linear call (CUDA, bf16/fp16, few rows); ``gemv_config`` picks
 ``(BLOCK_N, BLOCK_K, NUM_STAGES, num_warps, variant)`` by shape: the fastest of 20 configurations on an
-H200 at Qwen3-8B's and 32B's shapes at TP=1 and 2 (``benchmarks/bench_gemv.py``).
+H200 at Qwen3-8B's and 32B's shapes at TP=1 and 2 (``benchmarks/kernels/gemv.py``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def gemv_config(n: int, k: int, m: int = 1, fp8: bool = False) -> tuple[int, int
     One row: FMAs, no MMA, with enough programs to fill the GPU a few times over (8 columns each up to 4096
     columns, 16 above): 1.1-1.4x cuBLAS and 3-16% under the MMA kernel. FP8 weights (``fp8``) at one row take
     512-wide K tiles (the bytes of 256 bf16 values) except around 6,144 columns, the fastest of 11
-    configurations on Qwen3-8B's layers (``bench_gemv.py --fp8``). More rows: the MMA kernel, 128-wide K tiles
-    over 64 rows (4 stages of [128 + 32, 256] tiles would not fit in shared memory).
+    configurations on Qwen3-8B's layers (``benchmarks/kernels/gemv.py --fp8``). More rows: the MMA kernel,
+    128-wide K tiles over 64 rows (4 stages of [128 + 32, 256] tiles would not fit in shared memory).
     """
     if m == 1 and fp8:
         return (8, 256, 6, 2, "f") if 4096 < n <= 8192 else (8, 512, 4, 2, "f")

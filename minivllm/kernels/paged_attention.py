@@ -121,7 +121,7 @@ def _tile_config(group: int, head_dim: int, max_seqlen_q: int, kv_bytes: int = 2
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the unified kernel (tuned on H200, d=128).
 
     Decoding over an FP8 cache (``kv_bytes`` 1) takes key tiles twice as long: the same bytes per tile, and
-    fewer loop steps (``benchmarks/bench_kernels.py --kv-dtype fp8 --configs``)."""
+    fewer loop steps (``benchmarks/kernels/decode_attention.py --kv-dtype fp8 --configs``)."""
     g_pad = triton.next_power_of_2(group)
     block_n = 64 if head_dim <= 128 else 32
     if max_seqlen_q <= 1:  # decode: one token per row, M = the GQA group padded to >= 16

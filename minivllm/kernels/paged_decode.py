@@ -143,7 +143,7 @@ def num_sms(device: torch.device) -> int:
 
 _MIN_KEYS_PER_SPLIT = 64  # one BLOCK_N tile
 _MAX_SPLITS = 32
-_PROGRAMS_PER_SM = 4  # tuned on H200 (bench_kernels.py --cuda-graph --sweep-splits)
+_PROGRAMS_PER_SM = 4  # tuned on H200 (benchmarks/kernels/decode_attention.py --cuda-graph --sweep-splits)
 
 
 def choose_num_splits(num_rows: int, num_kv_heads: int, max_context_len: int, sm_count: int) -> int:

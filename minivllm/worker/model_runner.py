@@ -163,7 +163,8 @@ class ModelRunner:
     @torch.inference_mode()
     def _warm_up_sampling(self) -> None:
         """Run each sampling path once on two dummy rows (every rank together: the paths gather), so that their
-        Triton kernels compile at start-up rather than in a user's first steps."""
+        Triton kernels compile at start-up rather than in a user's first steps (``benchmarks/engine/
+        lazy_compiles.py`` checks that)."""
         hidden = torch.zeros(2, self.config.model_config.arch.hidden_size, dtype=self.dtype, device=self.device)
         if self.sharded_sampling:  # NOTE: rank 0 decides from its own flag; every rank has the same
             shard = self.model.compute_logits(hidden, gather=False)  # [2, per_rank]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from rank_procs import run_ranks  # noqa: E402  (benchmarks/rank_procs.py)
+sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
+from rank_procs import run_ranks  # noqa: E402  (benchmarks/lib/rank_procs.py)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]

@@ -97,13 +97,15 @@ def test_cublaslt_decode_graphs(tiny_model):
     assert torch.backends.cuda.preferred_blas_library() == before
 
 
-LAZY_COMPILES = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "lazy_compiles.py")
+LAZY_COMPILES = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "engine",
+                             "lazy_compiles.py")
 
 
-@pytest.mark.skipif(not os.path.isfile(LAZY_COMPILES), reason="benchmarks/lazy_compiles.py is not in the repo")
+@pytest.mark.skipif(not os.path.isfile(LAZY_COMPILES),
+                    reason="benchmarks/engine/lazy_compiles.py is not in the repo")
 def test_no_triton_compiles_after_start_up(tiny_model, tmp_path):
-    """``benchmarks/lazy_compiles.py`` in a fresh process and Triton cache: start-up compiles every kernel that
-    greedy, temperature, top-k/top-p, logprobs, prefix-hit and chunked-prefill requests use (bf16)."""
+    """``benchmarks/engine/lazy_compiles.py`` in a fresh process and Triton cache: start-up compiles every kernel
+    that greedy, temperature, top-k/top-p, logprobs, prefix-hit and chunked-prefill requests use (bf16)."""
     import json
     import subprocess
     import sys

@@ -4,8 +4,8 @@ On sm_90+ the kernels launch with PDL when their leading dim is at most ``PDL_MA
 compare those launches with the same kernels, on the same tensors, launched without PDL: ``_plain_launches``
 makes ``pdl_options`` (through which every kernel decides) return ``USE_PDL=False``.
 
-A decoder layer's decode kernels (``benchmarks/decode_layer.py``: norms, GEMVs, q/k norm + RoPE + KV
-store, split-KV attention, SiLU-and-mul) give bit-identical results with PDL and without, eagerly
+A decoder layer's decode kernels (``benchmarks/kernels/decode_layer.py``: norms, GEMVs, q/k norm + RoPE +
+KV store, split-KV attention, SiLU-and-mul) give bit-identical results with PDL and without, eagerly
 and replayed in a CUDA graph with new inputs; a kernel that read its input before the previous
 kernel had finished would show as a mismatch. The engine (TP=1, in this process) gives the same greedy
 tokens both ways.
@@ -29,7 +29,7 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
     pytestmark.append(pytest.mark.skip(reason="PDL needs compute capability 9.0+"))
 
 _spec = importlib.util.spec_from_file_location(
-    "decode_layer", Path(__file__).resolve().parents[2] / "benchmarks" / "decode_layer.py")
+    "decode_layer", Path(__file__).resolve().parents[2] / "benchmarks" / "kernels" / "decode_layer.py")
 decode_layer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(decode_layer)
 

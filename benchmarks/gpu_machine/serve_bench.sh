@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Start `minivllm serve` on a dummy Qwen3-0.6B and run `minivllm bench serve` at three request rates.
-#   bash benchmarks/serve_bench.sh OUTDIR [MODEL]
+#   bash benchmarks/gpu_machine/serve_bench.sh OUTDIR [MODEL]
 # $SERVE_ARGS: more `minivllm serve` flags (e.g. "--data-parallel-size 2 --gpus-per-replica 0.5
 # --gpu-memory-utilization 0.45"); $LABEL: a suffix of the results' label; $RATES: the request rates (default "4 16 64").
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 R=${1:-/tmp/serve_bench}; M=${2:-qwen3-0.6b}
 mkdir -p "$R"
 if [ -d .whl ] && ! python3 -c "import fastapi, uvicorn" 2>/dev/null; then
@@ -21,4 +21,4 @@ for rate in ${RATES:-4 16 64}; do
       --num-prompts "${NUM_PROMPTS:-200}" --input-len 256 --output-len 128 --request-rate "$rate" --ready-timeout 150 --max-token-id "${MAX_TOKEN_ID:-10000}" \
       --label "minivllm $M${LABEL:+ $LABEL}" --json-out "$R/serve_${M}${LABEL:+_$LABEL}_rate${rate}.json" 2>&1 | tail -14
 done
-python3 benchmarks/plot.py "$R" 2>&1 | tail -3
+python3 benchmarks/engine/plot.py "$R" 2>&1 | tail -3

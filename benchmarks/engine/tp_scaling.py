@@ -9,7 +9,7 @@ wall time / 512 (and TPOT, the decode part alone). Each TP size runs in a fresh 
 GPU memory and worker processes are released between sizes. Scaling efficiency at TP=k is
 tok/s(k) / (k * tok/s(1)).
 
-    python benchmarks/tp_scaling.py --model qwen3-8b --tp 1 2 4 --json-out runs/tp_8b.json
+    python benchmarks/engine/tp_scaling.py --model qwen3-8b --tp 1 2 4 --json-out runs/tp_8b.json
 
 ``--rank-proxy`` also runs, for each TP size k > 1, one rank's shapes as a model at TP=1 (``rank_proxy.py``)
 and prints, step kind by step kind, the TP run's time over it: what tensor parallelism costs.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from minivllm.entrypoints.bench.models import resolve_model  # noqa: E402
 
-REPO = str(Path(__file__).resolve().parents[1])
+REPO = str(Path(__file__).resolve().parents[2])
 
 
 def _workload(args: argparse.Namespace, vocab: int):
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--json-out", default=None)
     p.add_argument("--rank-proxy", action="store_true",
                    help="also run one rank's shapes at TP=1 for each TP size > 1 and print where the TP run's extra "
-                        "time goes (benchmarks/rank_proxy.py)")
+                        "time goes (benchmarks/engine/rank_proxy.py)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.model = resolve_model(args.model)[0]

@@ -4,10 +4,10 @@ One engine is built (``max_num_seqs`` = the largest batch unless given) and each
 runs one timed ``generate`` of random prompts (fresh ones per size: no prefix-cache hits),
 ``--input-len`` tokens -> ``--output-len`` greedy tokens, EOS ignored. ``--hf`` also runs the
 transformers baseline at each size (after our engine is closed). Writes JSON for
-``benchmarks/plot.py``:
+``benchmarks/engine/plot.py``:
 
-    python benchmarks/throughput_vs_batch.py --model qwen3-0.6b --json-out runs/tvb_0.6b.json
-    python benchmarks/plot.py runs/
+    python benchmarks/engine/throughput_vs_batch.py --model qwen3-0.6b --json-out runs/tvb_0.6b.json
+    python benchmarks/engine/plot.py runs/
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import gc
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from minivllm.entrypoints.bench import common, throughput  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The Triton GEMV against cuBLAS (``F.linear``) at the decode shapes of Qwen3-8B and -32B, bf16.
 
-    PYTHONPATH=. python benchmarks/bench_gemv.py [--rows 1 48] [--configs 32x256x4x4 8x256x6x2f ...] [--fp8]
+    PYTHONPATH=. python benchmarks/kernels/gemv.py [--rows 1 48] [--configs 32x256x4x4 8x256x6x2f ...] [--fp8]
 
 ``--fp8``: FP8 (e4m3) weights with one scale per output channel (the kernel scales its outputs), against
 cuBLAS on the bf16 weights they stand for.
@@ -22,9 +22,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from graph_timing import time_in_graph  # noqa: E402
+_BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
+sys.path.insert(0, os.path.dirname(_BENCH))  # run from a checkout without install
+sys.path.insert(0, os.path.join(_BENCH, "lib"))
+from timing import time_in_graph  # noqa: E402
 
 from minivllm.kernels.gemv import gemv  # noqa: E402
 from minivllm.kernels.gemv_config import VARIANTS  # noqa: E402

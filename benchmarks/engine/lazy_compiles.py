@@ -5,7 +5,7 @@ then runs a list of small scenarios twice. For each it prints the first and seco
 the kernels that compiled during the first pass, with the argument specialisations that made them new
 (Triton specialises integer arguments on ``== 1`` and ``% 16 == 0`` and pointers on 16-byte alignment).
 
-    python3 benchmarks/lazy_compiles.py --model qwen3-0.6b [--json-out F]
+    python3 benchmarks/engine/lazy_compiles.py --model qwen3-0.6b [--json-out F]
 
 A scenario whose first pass compiled nothing and takes about as long as its second is what users should see.
 """
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
 
 from minivllm.entrypoints.bench import common  # noqa: E402 - imports neither torch nor triton
 

@@ -4,12 +4,12 @@ Qwen3-0.6B attention shape by default: 16 query heads, 8 kv heads, head_dim 128,
 each cache block size, context length and batch size, prints the median time and the
 achieved bandwidth of the K/V bytes read (2 * batch * context * kv_heads * head_dim * 2 B).
 
-    python benchmarks/bench_kernels.py                # triton.testing.do_bench (eager launches)
-    python benchmarks/bench_kernels.py --cuda-graph   # replayed CUDA graph, as the decode path runs
-    python benchmarks/bench_kernels.py --sweep-splits 1 2 4 8 16   # split-KV time per num_splits
-    python benchmarks/bench_kernels.py --cuda-graph --configs 64x2x4 64x3x4 128x2x8   # unified kernel,
+    python benchmarks/kernels/decode_attention.py                # triton.testing.do_bench (eager launches)
+    python benchmarks/kernels/decode_attention.py --cuda-graph   # replayed CUDA graph, as the decode path runs
+    python benchmarks/kernels/decode_attention.py --sweep-splits 1 2 4 8 16   # split-KV time per num_splits
+    python benchmarks/kernels/decode_attention.py --cuda-graph --configs 64x2x4 64x3x4 128x2x8   # unified kernel,
         BLOCK_NxSTAGESxWARPS tile configurations (rows: the default configuration first)
-    python benchmarks/bench_kernels.py --cuda-graph --kv-dtype fp8 --tiles bf16   # an e4m3 cache, its tiles
+    python benchmarks/kernels/decode_attention.py --cuda-graph --kv-dtype fp8 --tiles bf16   # an e4m3 cache, its tiles
         converted to bf16 instead of fp16 for tl.dot
 """
 
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from timing import do_bench_us  # noqa: E402
 
 
 def make_decode_batch(batch, context, block_size, num_heads, num_kv_heads, head_dim, dtype, layout="nhd"):
@@ -60,10 +62,8 @@ def main() -> int:
                         help="KV cache block layout: token-major (the engine's) or head-major (a permuted view)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("bench_kernels.py needs a CUDA GPU; nothing to do on this machine.")
+        print("decode_attention.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
-
-    import triton.testing
 
     from minivllm.kernels.paged_attention import paged_attention
     from minivllm.kernels.paged_decode import choose_num_splits, num_sms, paged_decode_split_kv
@@ -83,11 +83,7 @@ def main() -> int:
     sms = num_sms(torch.device("cuda"))
 
     def bench(fn) -> float:  # median microseconds
-        fn()  # compile outside any graph capture
-        torch.cuda.synchronize()  # NOTE: do_bench_cudagraph runs fn on a new stream: inputs must be ready
-        if args.cuda_graph:
-            return triton.testing.do_bench_cudagraph(fn, return_mode="median") * 1e3
-        return triton.testing.do_bench(fn, return_mode="median") * 1e3
+        return do_bench_us(fn, args.cuda_graph)
 
     mode = "CUDA-graph replay" if args.cuda_graph else "eager do_bench"
     print(f"# {torch.cuda.get_device_name()} ({sms} SMs), q/kv heads {num_heads}/{num_kv_heads}, "

@@ -1,6 +1,6 @@
-"""Print one table from the JSON results that benchmarks/gpu_check.sh wrote.
+"""Print one table from the JSON results that benchmarks/gpu_machine/gpu_check.sh wrote.
 
-Throughput results (``minivllm bench throughput``) get the vLLM 0.24.0 reference of benchmarks/reference.py
+Throughput results (``minivllm bench throughput``) get the vLLM 0.24.0 reference of benchmarks/lib/reference.py
 beside them; ``compare`` pairs (``cmp_<model>_<workload>_{before,after}.json``) get the change in percent.
 """
 
@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from reference import lookup  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Profile engine steps on a GPU: host time per phase, kernel time by name, idle gaps.
 
-    PYTHONPATH=. python benchmarks/profile_step.py --model qwen3-0.6b
+    PYTHONPATH=. python benchmarks/engine/profile_step.py --model qwen3-0.6b
 
 Phases are timed with host clocks around each part of ``LLMEngine.step``; kernels come from
 ``torch.profiler``. Prints one table per scenario: one request decoding, and 256 requests from
@@ -10,7 +10,7 @@ tokens" is the time the host idles until the previous step's tokens arrive. ``--
 turns asynchronous scheduling off and synchronizes after the device phases (their time then
 includes the GPU work they launched).
 
-    PYTHONPATH=. python benchmarks/profile_step.py --model ... --tp 2 --decode-rows 8 48 112 240
+    PYTHONPATH=. python benchmarks/engine/profile_step.py --model ... --tp 2 --decode-rows 8 48 112 240
 
 ``--decode-rows``: for each count, that many requests decoding together after ``--decode-context``
 prompt tokens; 30 steps' kernel time (rank 0) by category: GEMM, attention, all-reduce, norm, sampling,

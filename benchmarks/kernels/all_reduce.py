@@ -1,14 +1,14 @@
 """All-reduce latency on the GPUs of one host: NCCL (pynccl) vs the one-shot custom kernel.
 
-    PYTHONPATH=. python benchmarks/bench_all_reduce.py --world 2
+    PYTHONPATH=. python benchmarks/kernels/all_reduce.py --world 2
 
 One process per GPU. Each size is checked first (custom == the float32 sum of every rank's input,
 the same bits on every rank, for every kernel configuration in ``--configs``), then timed as a
 CUDA graph of ``--calls`` in-place all-reduces replayed ``--iters`` times (what a decode step's
 graph does): microseconds per all-reduce.
 
-    PYTHONPATH=. python benchmarks/bench_all_reduce.py --world 2 --fused-norm [--rows 1 8 64 256]
-    PYTHONPATH=. python benchmarks/bench_all_reduce.py --world 2 --nccl-mb 16 32 64 128
+    PYTHONPATH=. python benchmarks/kernels/all_reduce.py --world 2 --fused-norm [--rows 1 8 64 256]
+    PYTHONPATH=. python benchmarks/kernels/all_reduce.py --world 2 --nccl-mb 16 32 64 128
 
 ``--fused-norm``: a row-parallel layer's sum followed by the residual add + RMSNorm of [M, 4096] bf16
 rows, as two kernels (the custom all-reduce, then ``fused_add_rms_norm``) against the one fused
@@ -27,9 +27,9 @@ from datetime import timedelta
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from graph_timing import time_in_graph  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
 from rank_procs import run_ranks  # noqa: E402
+from timing import time_in_graph  # noqa: E402
 
 SIZES_KB = [8, 32, 128, 512, 1024, 2048, 4096, 8192]
 

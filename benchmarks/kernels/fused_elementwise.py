@@ -6,8 +6,8 @@ decode (n = 1, 64, 256) and prefill (n = 8192) token counts. Each cell is the me
 ``do_bench_cudagraph`` (replayed CUDA graph: GPU time, as the decode path runs); GB/s is the
 fused kernel's DRAM traffic over its graph time.
 
-    python benchmarks/bench_fused.py
-    python benchmarks/bench_fused.py --tokens 1 64 --hidden 5120 --heads 64 8 128 --inter 25600
+    python benchmarks/kernels/fused_elementwise.py
+    python benchmarks/kernels/fused_elementwise.py --tokens 1 64 --hidden 5120 --heads 64 8 128 --inter 25600
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from timing import do_bench_us  # noqa: E402
 
 # per decoder layer: input and post-attention add+RMSNorm, q/k norm + RoPE, SiLU * up
 LAYER_MIX = {"add_rms_norm_inplace": 2, "qk_norm_rope_inplace": 1, "silu_and_mul": 1}
@@ -70,10 +71,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("bench_fused.py needs a CUDA GPU; nothing to do on this machine.")
+        print("fused_elementwise.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
-    from triton.testing import do_bench, do_bench_cudagraph
-
     dtype = getattr(torch, args.dtype)
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  hidden {args.hidden}  heads {args.heads}  "
           f"inter {args.inter}  (times in us, median)")
@@ -85,8 +84,8 @@ def main() -> int:
     totals = {}
     for n in args.tokens:
         for name, ref_fn, fused_fn, nbytes in cases(n, args.hidden, *args.heads, args.inter, dtype):
-            te, fe = (do_bench(f, return_mode="median") * 1e3 for f in (ref_fn, fused_fn))
-            tg, fg = (do_bench_cudagraph(f, return_mode="median") * 1e3 for f in (ref_fn, fused_fn))
+            te, fe = (do_bench_us(f) for f in (ref_fn, fused_fn))
+            tg, fg = (do_bench_us(f, cuda_graph=True) for f in (ref_fn, fused_fn))
             print(f"{name:<22}{n:>6} | {te:>8.1f}{fe:>8.1f}{te / fe:>6.1f} | {tg:>8.1f}{fg:>8.1f}{tg / fg:>6.1f}"
                   f"{nbytes / (fg * 1e3):>7.0f}")
             weight = LAYER_MIX.get(name, 0)  # how often the op runs per decoder layer

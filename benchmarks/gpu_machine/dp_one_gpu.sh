@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Two data-parallel replicas sharing one GPU through Ray's fractional GPUs (0.5 GPU and 0.45 of its memory each),
 # beside one engine (0.9 of the memory) on the same GPU: Qwen3-0.6B dummy weights, the nano workload (--repeat 3)
-# and the serve benchmark (benchmarks/serve_bench.sh at $RATES, default "4 16 64 inf").
-#   bash benchmarks/dp_one_gpu.sh [OUTDIR [nano] [serve]]      (default: both parts)
+# and the serve benchmark (benchmarks/gpu_machine/serve_bench.sh at $RATES, default "4 16 64 inf").
+#   bash benchmarks/gpu_machine/dp_one_gpu.sh [OUTDIR [nano] [serve]]      (default: both parts)
 # Needs Ray importable (on the GPU machine: the parts of scripts/pack_ray.sh, unpacked as its header says).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 R=${1:-/tmp/dp_one_gpu}
 parts=${*:2}; parts=${parts:-nano serve}
 mkdir -p "$R"
@@ -24,7 +24,7 @@ done
 for side in one dp2; do
   [[ " $parts " == *" serve "* ]] || break
   flags=""; [ $side = dp2 ] && flags=$DP
-  SERVE_ARGS="$flags" LABEL=$side timeout 400 bash benchmarks/serve_bench.sh "$R/serve_$side" 2>&1 | grep -E "label|rate|tok/s|TTFT|TPOT|failed" | head -40
+  SERVE_ARGS="$flags" LABEL=$side timeout 400 bash benchmarks/gpu_machine/serve_bench.sh "$R/serve_$side" 2>&1 | grep -E "label|rate|tok/s|TTFT|TPOT|failed" | head -40
 done
 python3 - "$R" <<'PY'
 import json, pathlib, sys

@@ -1,22 +1,22 @@
 """Scale-out simulation: 1 to 64 data-parallel minivllm replicas behind a router, Poisson load, on the CPU.
 
-Each replica is a fake engine (``benchmarks/lib/scale_out_model.py``): minivllm's token-budget scheduler with
+Each replica is a fake engine (``benchmarks/scale_out/scale_out_model.py``): minivllm's token-budget scheduler with
 chunked prefill, step by step, each step costing
 
     ms = fixed + per_row * decode rows + per_context * keys the decode rows attend to + per_prefill * prompt tokens
 
 for Qwen3-8B, bf16, on one H200 per replica (TP=1). Every coefficient comes from figures in docs/benchmarks.md
-(``MEASURED`` below):
+and docs/performance-notes.md (``MEASURED`` below):
 
-- per_context: section "FP8 weights and FP8 KV cache", table "Where a decode step goes", row bf16: attention
+- per_context: performance-notes.md, section "Where the time goes", the decode step table, row bf16: attention
   9.19 ms at 240 rows of context ~1000 (``profile_step.py --decode-rows 240 --decode-context 1000``), so
-  9.19 / 240,000 ms a key. (The decode attention kernel table, 250.8 us a layer at 256 rows x 1,024 keys over 36
-  layers, gives 34.4 ns a key against this 38.3: the same order.)
+  9.19 / 240,000 ms a key. (The decode attention kernel table under "FP8" there, 250.8 us a layer at 256 rows x
+  1,024 keys over 36 layers, gives 34.4 ns a key against this 38.3: the same order.)
 - per_row: the same row's wall time less its attention, 16.63 - 9.19 = 7.44 ms at 240 rows, against the text
   below the table: one row of context ~400 decodes in 4.34 ms of wall time; the line through the two points.
 - fixed: that one-row step less its one row and its attention.
 - per_prefill: calibrated so that the simulated nano workload (nano-vLLM's 256 requests, ``random.seed(0)``, all
-  at once) runs at 9,458 output tok/s, Qwen3-8B's nano figure in the table "H200 (one NVIDIA H200)". The steps
+  at once) runs at 9,458 output tok/s, Qwen3-8B's nano figure in benchmarks.md's table "H200 (one NVIDIA H200)". The steps
   of a closed batch do not depend on their times, so its makespan is linear in per_prefill: solved exactly.
   Printed as a check: the table's one-request figure (128 -> 512 tokens, 4.33 ms/token) against the model's.
 
@@ -28,7 +28,7 @@ TTFT percentiles cover the requests that arrive after ``--warmup`` seconds; thro
 made from then to the last arrival (offered tok/s: those the requests ask for, over the same time). The engines
 run minivllm's GPU defaults: 256 sequences, 16,384 tokens a step, asynchronous scheduling.
 
-    python benchmarks/scale_out_sim.py --jobs 2 --json-out runs/scale_out.json --out docs/img/scale_out_sim.png
+    python benchmarks/scale_out/scale_out_sim.py --jobs 2 --json-out runs/scale_out.json --out docs/img/scale_out_sim.png
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scale_out_model import ROUTERS, CostModel, Limits, Request, simulate  # noqa: E402
 
-MEASURED = {  # Qwen3-8B, bf16, dummy weights, one H200; docs/benchmarks.md
-    "decode_240_wall_ms": 16.63,  # "Where a decode step goes", bf16 row, wall (cac26d1)
+MEASURED = {  # Qwen3-8B, bf16, dummy weights, one H200; docs/benchmarks.md and docs/performance-notes.md
+    "decode_240_wall_ms": 16.63,  # performance-notes.md, "Where the time goes", bf16 row, wall (cac26d1)
     "decode_240_attention_ms": 9.19,  # same row, attention
     "decode_240_rows": 240, "decode_240_context": 1000,
     "decode_1_wall_ms": 4.34,  # the text under that table: one row, context ~400, bf16 (e266fee)

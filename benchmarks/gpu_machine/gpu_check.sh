@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU test suite and the benchmarks in one call, with a short table printed last.
-#   bash benchmarks/gpu_check.sh [SECTION ...]        (default: tests bench06 bench8b)
+#   bash benchmarks/gpu_machine/gpu_check.sh [SECTION ...]        (default: tests bench06 bench8b)
 # sections:
 #   tests      the GPU suite (tests/gpu; the tests that need 2+ GPUs skip on one)
 #   bench06    Qwen3-0.6B: nano, fixed-batch, one-request, each --repeat 3 (dummy weights)
@@ -9,11 +9,11 @@
 #              in $CMP_WORKLOADS (default "nano one-request"), the tree at $BEFORE (a checkout of the earlier commit)
 #              then this tree, --repeat 3 each, one right after the other
 #   latency    minivllm bench latency, batch 8, 128 in / 128 out, Qwen3-0.6B and 8B
-#   serve      benchmarks/serve_bench.sh on Qwen3-0.6B (needs fastapi/uvicorn wheels in .whl/ on the GPU machine)
-#   hf         transformers' generate on the fixed batch, beside ours (benchmarks/hf_baseline.py)
-#   profile    benchmarks/profile_step.py on Qwen3-0.6B (host phases, kernel table)
-#   kernels    benchmarks/bench_kernels.py (decode attention), bench_gemv.py, bench_sampler.py
-#   lazy       benchmarks/lazy_compiles.py: no Triton kernel compiles after start-up
+#   serve      benchmarks/gpu_machine/serve_bench.sh on Qwen3-0.6B (needs fastapi/uvicorn wheels in .whl/ on the GPU machine)
+#   hf         transformers' generate on the fixed batch, beside ours (benchmarks/engine/hf_baseline.py)
+#   profile    benchmarks/engine/profile_step.py on Qwen3-0.6B (host phases, kernel table)
+#   kernels    benchmarks/kernels/decode_attention.py, gemv.py, sampler.py (decode attention, GEMV, sampler)
+#   lazy       benchmarks/engine/lazy_compiles.py: no Triton kernel compiles after start-up
 #   structured benchmarks/structured/bench_structured.py: grammar masks of 256 rows x 151,936 tokens, and nano with
 #              25% of requests under a JSON schema against nano unconstrained (needs llguidance from .whl/ and the
 #              tokenizer in .bench/bigtok, made by benchmarks/structured/big_tokenizer.py)
@@ -22,11 +22,11 @@
 #   fp8nano    Qwen3-8B nano --repeat 3 for each of $FP8_CONFIGS (default "bf16 w8 kv8": bf16; FP8 weights;
 #              FP8 KV cache; "w8kv8": both)
 #   fp8one     Qwen3-8B one-request --repeat 3, bf16 and FP8 weights
-#   tp         benchmarks/tp_scaling.py on Qwen3-8B at TP sizes $TP_SIZES (default "1 2"; 2+ GPUs)
+#   tp         benchmarks/engine/tp_scaling.py on Qwen3-8B at TP sizes $TP_SIZES (default "1 2"; 2+ GPUs)
 # Results (JSON, logs) go to /tmp/gpu_check; with $OUT set (the device tool), also as $OUT/results.tgz.
 # NOTE: the device tool brings back at most 8 files from $OUT: leave results.tgz there rather than copies of each file.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 R=/tmp/gpu_check
 mkdir -p "$R"
@@ -57,14 +57,14 @@ for s in $sections; do
     latency) for M in qwen3-0.6b qwen3-8b; do
                here timeout 150 python3 -m minivllm.entrypoints.bench latency --model $M --batch-size 8 --input-len 128 \
                  --output-len 128 --num-iters 3 --json-out "$R/${M}_latency.json" 2>&1 | tail -10; done ;;
-    serve) here timeout 300 bash benchmarks/serve_bench.sh "$R" 2>&1 | tail -40 ;;
-    hf) here timeout 150 python3 benchmarks/hf_baseline.py --model qwen3-0.6b --run-ours --json-out "$R/q06_hf_fixed.json" 2>&1 | tail -8 ;;
-    profile) here timeout 200 python3 benchmarks/profile_step.py --model qwen3-0.6b > "$R/profile.txt" 2>&1
+    serve) here timeout 300 bash benchmarks/gpu_machine/serve_bench.sh "$R" 2>&1 | tail -40 ;;
+    hf) here timeout 150 python3 benchmarks/engine/hf_baseline.py --model qwen3-0.6b --run-ours --json-out "$R/q06_hf_fixed.json" 2>&1 | tail -8 ;;
+    profile) here timeout 200 python3 benchmarks/engine/profile_step.py --model qwen3-0.6b > "$R/profile.txt" 2>&1
              grep -A12 "^## " "$R/profile.txt" | grep -v "^--$" | head -40 ;;
-    kernels) here timeout 200 python3 benchmarks/bench_kernels.py --cuda-graph > "$R/kernels.txt" 2>&1; tail -20 "$R/kernels.txt"
-             here timeout 200 python3 benchmarks/bench_gemv.py --rows 1 16 > "$R/gemv.txt" 2>&1; tail -20 "$R/gemv.txt"
-             here timeout 90 python3 benchmarks/bench_sampler.py --fused > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt" ;;
-    lazy) here timeout 300 python3 benchmarks/lazy_compiles.py --model qwen3-0.6b --json-out "$R/lazy.json" > "$R/lazy.txt" 2>&1
+    kernels) here timeout 200 python3 benchmarks/kernels/decode_attention.py --cuda-graph > "$R/kernels.txt" 2>&1; tail -20 "$R/kernels.txt"
+             here timeout 200 python3 benchmarks/kernels/gemv.py --rows 1 16 > "$R/gemv.txt" 2>&1; tail -20 "$R/gemv.txt"
+             here timeout 90 python3 benchmarks/kernels/sampler.py --fused > "$R/sampler.txt" 2>&1; tail -12 "$R/sampler.txt" ;;
+    lazy) here timeout 300 python3 benchmarks/engine/lazy_compiles.py --model qwen3-0.6b --json-out "$R/lazy.json" > "$R/lazy.txt" 2>&1
           grep -v "^  \[" "$R/lazy.txt" | tail -14 ;;
     structured) [ -d .bench/bigtok ] || here timeout 200 python3 benchmarks/structured/big_tokenizer.py .bench/bigtok
                 here timeout 200 python3 benchmarks/structured/bench_structured.py mask --tokenizer .bench/bigtok \
@@ -75,12 +75,12 @@ for s in $sections; do
                 tests/gpu/test_fp8_block_gemm_gpu.py tests/gpu/test_fused_quant_gpu.py tests/gpu/test_fp8_kv_gpu.py \
                 > "$R/fp8_tests.log" 2>&1; tail -6 "$R/fp8_tests.log"
               for kv in "bf16" "fp8" "fp8 --tiles bf16"; do
-                here timeout 60 python3 benchmarks/bench_kernels.py --cuda-graph --heads 32 8 128 --batches 64 256 \
+                here timeout 60 python3 benchmarks/kernels/decode_attention.py --cuda-graph --heads 32 8 128 --batches 64 256 \
                   --contexts 1024 --block-sizes 16 --kv-dtype $kv 2>&1 | tail -3; done
-              here timeout 90 python3 benchmarks/bench_kernels.py --cuda-graph --heads 32 8 128 --batches 256 \
+              here timeout 90 python3 benchmarks/kernels/decode_attention.py --cuda-graph --heads 32 8 128 --batches 256 \
                 --contexts 1024 --block-sizes 16 --kv-dtype fp8 --configs 64x2x4 128x2x4 64x3x4 128x3x8 64x4x4 2>&1 | tail -2
-              here timeout 120 python3 benchmarks/fp8_gemm_bench.py > "$R/fp8_gemm.txt" 2>&1; tail -40 "$R/fp8_gemm.txt"
-              here timeout 60 python3 benchmarks/fused_quant_bench.py 2>&1 | tail -12 ;;
+              here timeout 120 python3 benchmarks/kernels/fp8_gemm.py > "$R/fp8_gemm.txt" 2>&1; tail -40 "$R/fp8_gemm.txt"
+              here timeout 60 python3 benchmarks/kernels/fused_quant.py 2>&1 | tail -12 ;;
     fp8nano) for c in ${FP8_CONFIGS:-bf16 w8 kv8}; do
                f=""; case $c in w8) f="--quantization fp8";; kv8) f="--kv-cache-dtype fp8";;
                  w8kv8) f="--quantization fp8 --kv-cache-dtype fp8";; esac
@@ -90,10 +90,10 @@ for s in $sections; do
               f=""; [ $c = w8 ] && f="--quantization fp8"
               here timeout 200 $BENCH --model qwen3-8b --workload one-request --repeat 3 $f \
                 --json-out "$R/q8b_one_$c.json" 2>&1 | tail -6; save; done ;;
-    tp) here timeout 560 python3 benchmarks/tp_scaling.py --size-timeout 240 --model qwen3-8b --tp ${TP_SIZES:-1 2} \
+    tp) here timeout 560 python3 benchmarks/engine/tp_scaling.py --size-timeout 240 --model qwen3-8b --tp ${TP_SIZES:-1 2} \
           --json-out "$R/tp_8b.json" 2>&1 | grep -v "^{" | tail -12 ;;
     *) echo "unknown section $s" ;;
   esac
   save
 done
-here python3 benchmarks/gpu_summary.py "$R"
+here python3 benchmarks/gpu_machine/gpu_summary.py "$R"

@@ -32,7 +32,7 @@ def rank_config(config: dict, tp: int) -> dict:
     if "head_dim" not in config:  # NOTE: the HF default derives it from hidden / heads, which changed
         out["head_dim"] = config["hidden_size"] // heads
     out["_note"] = (f"not a real model: one rank's shapes at tensor_parallel_size={tp} "
-                    f"(benchmarks/rank_proxy.py)")
+                    f"(benchmarks/engine/rank_proxy.py)")
     return out
 
 

@@ -1,8 +1,8 @@
-"""vLLM 0.24.0 reference figures and our targets for the named workloads (issue "Beat vLLM on one H100").
+"""vLLM 0.24.0 reference figures and minivllm's targets for the named workloads.
 
 Keys are ``(gpu, tensor_parallel_size, model, workload)``. Throughputs are output tokens/s
 (higher is better); ``one-request`` is milliseconds per output token (lower is better).
-H200 targets follow the issue's rule: the H100 target's margin over vLLM (about 1.2x for the
+H200 targets: the H100 target's margin over vLLM (about 1.2x for the
 0.6B nano workload, 1.1x for the fixed batch and for 8B nano) applied to the H200 vLLM figure,
 and 10% below vLLM's latency.
 """

@@ -6,7 +6,7 @@
 - ``latency_vs_rate.png``: TTFT and TPOT (median solid, p99 dashed) vs request rate from
   ``bench serve`` results, one line per label (model); rate ``inf`` is drawn right of the rest.
 
-    python benchmarks/plot.py runs/ --out-dir runs/plots
+    python benchmarks/engine/plot.py runs/ --out-dir runs/plots
 """
 
 from __future__ import annotations

@@ -9,48 +9,29 @@ a 256 MB buffer is zeroed so that the weights come from HBM, not L2. TFLOP/s is 
 column's time; "vs bf16" and "vs ch" are the bf16 and per-channel times over the block column's (above 1: the
 block GEMM is faster).
 
-    PYTHONPATH=. python benchmarks/fp8_gemm_bench.py
-    PYTHONPATH=. python benchmarks/fp8_gemm_bench.py --ms 1 64 512 --shapes qkv down
-    PYTHONPATH=. python benchmarks/fp8_gemm_bench.py --configs 16x64x128x8x4x4 64x128x128x8x4x4   # GEMM alone,
+    PYTHONPATH=. python benchmarks/kernels/fp8_gemm.py
+    PYTHONPATH=. python benchmarks/kernels/fp8_gemm.py --ms 1 64 512 --shapes qkv down
+    PYTHONPATH=. python benchmarks/kernels/fp8_gemm.py --configs 16x64x128x8x4x4 64x128x128x8x4x4   # GEMM alone,
         BLOCK_MxBLOCK_NxBLOCK_KxSWIZZLE_MxSTAGESxWARPS tile configurations against the table's choice
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from timing import event_median_us  # noqa: E402
 
 # Qwen3-8B's linear layers at TP=1: (N, K)
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 BLOCK = (128, 128)
 SPIN_CYCLES = 1_000_000  # ~0.5 ms at H100/H200 clocks
-
-
-def time_us(fn, iters: int, warmup: int, flush: torch.Tensor | None) -> float:
-    """Median microseconds of one ``fn()`` between CUDA events, L2 flushed before each sample."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for start, end in zip(starts, ends):
-        # NOTE: the GPU spins while Python queues the sample's launches (two Triton launches take longer than the
-        # block GEMM runs at small M), so the events time the kernels, not the launch overhead
-        torch.cuda._sleep(SPIN_CYCLES)
-        if flush is not None:
-            flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
 def parse_config(text: str) -> tuple[int, ...]:
@@ -97,13 +78,21 @@ def main(argv: list[str] | None = None) -> int:
                         "configurations (BMxBNxBKxSWIZZLExSTAGESxWARPS) instead of the comparison table")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("fp8_gemm_bench.py needs a CUDA GPU; nothing to do on this machine.")
+        print("fp8_gemm.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
     from minivllm.kernels.fp8_block_gemm import fp8_gemm_config, quantize_fp8_per_group
     from minivllm.kernels.torch_backend import quantize_weight_fp8_ref
 
     flush = None if args.no_flush else torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    bench = lambda fn: time_us(fn, args.iters, args.warmup, flush)
+
+    def before_sample():
+        # NOTE: the GPU spins while Python queues the sample's launches (two Triton launches take longer than the
+        # block GEMM runs at small M), so the events time the kernels, not the launch overhead
+        torch.cuda._sleep(SPIN_CYCLES)
+        if flush is not None:
+            flush.zero_()  # the weights come from HBM, not L2
+
+    bench = lambda fn: event_median_us(fn, args.iters, warmup=args.warmup, before_sample=before_sample)
     configs = [parse_config(c) for c in args.configs] if args.configs else None
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  us per call, median of {args.iters}"
           f"{'' if flush is not None else ', L2 warm'}")

@@ -8,20 +8,21 @@ medians of ``--iters`` samples, each ``--reps`` back-to-back calls, per call: "g
 them (GPU time, as the decode path runs), "eager" launches them from Python. The inputs stay in L2 between
 calls (up to 24 MiB at 512 tokens).
 
-    PYTHONPATH=. python benchmarks/fused_quant_bench.py
-    PYTHONPATH=. python benchmarks/fused_quant_bench.py --tokens 1 16 --inter 25600 --hidden 5120
+    PYTHONPATH=. python benchmarks/kernels/fused_quant.py
+    PYTHONPATH=. python benchmarks/kernels/fused_quant.py --tokens 1 16 --inter 25600 --hidden 5120
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from timing import event_median_us  # noqa: E402
 
 
 def cases(m: int, hidden: int, inter: int, dtype: torch.dtype):
@@ -52,33 +53,6 @@ def cases(m: int, hidden: int, inter: int, dtype: torch.dtype):
     ]
 
 
-def time_us(fn, iters: int, reps: int, graph: bool) -> float:
-    """Median over ``iters`` samples of one call's time (us); a sample: ``reps`` calls between CUDA events."""
-    for _ in range(3):
-        fn()  # compile and warm up
-    torch.cuda.synchronize()
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
-        run = g.replay
-    else:
-        def run():
-            for _ in range(reps):
-                fn()
-    run()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(iters):
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(samples)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20, help="calls per sample")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("fused_quant_bench.py needs a CUDA GPU; nothing to do on this machine.")
+        print("fused_quant.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
     dtype = getattr(torch, args.dtype)
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  hidden {args.hidden}  inter {args.inter}  "
@@ -102,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(head))
     for m in args.tokens:
         for name, unfused, fused, grouped in cases(m, args.hidden, args.inter, dtype):
-            ug, fg, gg = (time_us(f, args.iters, args.reps, True) for f in (unfused, fused, grouped))
-            ue, fe = (time_us(f, args.iters, args.reps, False) for f in (unfused, fused))
+            ug, fg, gg = (event_median_us(f, args.iters, reps=args.reps, graph=True) for f in (unfused, fused, grouped))
+            ue, fe = (event_median_us(f, args.iters, reps=args.reps) for f in (unfused, fused))
             print(f"{name:<14}{m:>5} | {ug:>8.2f}{fg:>8.2f}{ug / fg:>6.2f}{gg:>8.2f} | {ue:>8.2f}{fe:>8.2f}"
                   f"{ue / fe:>6.2f}")
         print("-" * len(head))

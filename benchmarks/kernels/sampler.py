@@ -1,7 +1,7 @@
 """Time the batched sampler: ms per call (median) for a few parameter mixes.
 
-    PYTHONPATH=. python benchmarks/bench_sampler.py       # CUDA if available, else CPU
-    PYTHONPATH=. python benchmarks/bench_sampler.py --batch 256 --vocab 151936 --dtype bf16 --iters 50
+    PYTHONPATH=. python benchmarks/kernels/sampler.py       # CUDA if available, else CPU
+    PYTHONPATH=. python benchmarks/kernels/sampler.py --batch 256 --vocab 151936 --dtype bf16 --iters 50
 
 Each call includes ``build_sampling_metadata`` (host work + host-to-device copies, done once per
 step by the engine) and the ``Sampler`` forward, as separate columns. On CUDA the device time

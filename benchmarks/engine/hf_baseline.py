@@ -7,7 +7,7 @@ float32 on CPU unless ``--dtype``). Prints output tokens/s; with ``--ours TOKS``
 (our fixed-batch run in-process on the same settings, after the HF model is freed) also ours
 and the ratio.
 
-    python benchmarks/hf_baseline.py --model qwen3-0.6b --run-ours --json-out runs/hf_0.6b.json
+    python benchmarks/engine/hf_baseline.py --model qwen3-0.6b --run-ours --json-out runs/hf_0.6b.json
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 from reference import lookup  # noqa: E402
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     if ours:
         rows += [["minivllm output tok/s", ours], ["ratio minivllm / transformers", result["ratio"]]]
     if ref is not None and ref.transformers and default_sizes:
-        rows += [["issue 8: transformers (tok/s)", ref.transformers], ["issue 8: vLLM 0.24.0 (tok/s)", ref.vllm]]
+        rows += [["reference: transformers (tok/s)", ref.transformers], ["reference: vLLM 0.24.0 (tok/s)", ref.vllm]]
     common.print_table("transformers baseline", ["metric", "value"], rows)
     return result
 

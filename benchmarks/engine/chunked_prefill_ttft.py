@@ -1,7 +1,7 @@
 """Time to first token of short requests queued behind one long prompt, chunked prefill on vs off.
 
-    python benchmarks/chunked_prefill_ttft.py --model qwen3-0.6b          # GPU
-    python benchmarks/chunked_prefill_ttft.py --model PATH --device cpu --long-len 600 --short-len 16
+    python benchmarks/engine/chunked_prefill_ttft.py --model qwen3-0.6b          # GPU
+    python benchmarks/engine/chunked_prefill_ttft.py --model PATH --device cpu --long-len 600 --short-len 16
 
 One long prompt arrives first and ``--num-short`` short prompts right behind it, all before the
 first step. Each request's TTFT is reported in engine steps and in milliseconds from its arrival. Chunking off: the whole long prompt is one step
