@@ -30,8 +30,6 @@ from minivllm import LLM, SamplingParams
 from minivllm.entrypoints.bench.models import resolve_model  # noqa: E402
 from minivllm.worker import model_runner as mr
 
-_BUILD_STEP_INPUTS = mr.build_step_inputs
-
 
 class PhaseTimer:
     """Wraps methods so each call adds its wall time to a named bucket; ``restore`` undoes it."""
@@ -69,14 +67,14 @@ def instrument(llm: LLM, sync: bool) -> PhaseTimer:
     pt = PhaseTimer()
     runner = llm.engine.executor.runner
     pt.wrap(llm.engine.scheduler, "schedule", "schedule")
-    pt.wrap(mr, "build_step_inputs", "prepare inputs")
+    pt.wrap(runner.batch, "prepare_inputs", "prepare inputs")
     pt.wrap(runner, "execute", "forward" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
     pt.wrap(runner, "_sample", "sample" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
     pt.wrap(runner, "_sample_sharded", "sample" + (" (GPU)" if sync else " (enqueue)"), sync=sync)
     pt.wrap(mr.StepHandle, "result", "wait for tokens")
     pt.wrap(llm.engine.scheduler, "update_from_output", "update from output (scheduler)")
-    pt.wrap(llm, "_snapshot", "outputs / detokenize")
-    pt.wrap(llm, "step", "whole step")
+    pt.wrap(llm.engine, "_snapshot", "outputs / detokenize")
+    pt.wrap(llm.engine, "step", "whole step")
     return pt
 
 
@@ -195,7 +193,6 @@ def run_scenario(llm: LLM, prompts, params, title: str, profile_kernels: bool, s
     if prof is not None:
         prof.__exit__(None, None, None)
     pt.restore()
-    assert mr.build_step_inputs is _BUILD_STEP_INPUTS
     report(title, pt, steps)
     print(f"wall {1000 * wall / steps:.3f} ms/step")
     if prof is not None:

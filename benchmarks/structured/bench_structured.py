@@ -52,7 +52,7 @@ def bench_mask(tokenizer_dir: str, rows: int, steps: int, device: str, threads: 
     without them."""
     from transformers import AutoTokenizer
 
-    from minivllm.core.scheduler_output import ScheduledSeq, SchedulerOutput
+    from minivllm.core.scheduler_output import ScheduledRow, SchedulerOutput
     from minivllm.engine.structured_output import StructuredOutputManager
     from minivllm.sample.metadata import build_sampling_metadata
     from minivllm.sample.sampler import Sampler
@@ -69,7 +69,7 @@ def bench_mask(tokenizer_dir: str, rows: int, steps: int, device: str, threads: 
     seqs = []
     for i in range(rows):
         mgr.start(i, mgr.prepare(schemas[i % len(schemas)]))
-        seqs.append(ScheduledSeq(i, 0, (0,), (), -1, params, 0, None))
+        seqs.append(ScheduledRow(i, 0, (0,), (), -1, True, 0))
     out = SchedulerOutput(rows=tuple(seqs), sampled=tuple(seqs))
     dev = torch.device(device)
     sampler = Sampler(fused=dev.type == "cuda")

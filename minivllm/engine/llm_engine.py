@@ -217,10 +217,10 @@ class LLMEngine:
     def _launch(self, sched: SchedulerOutput) -> InFlightStep:
         """Queue a step's forward; sample it at once unless a sampled row is under a grammar (it then waits for
         its masks: ``_sample``)."""
-        step = InFlightStep(sched, self.executor.start_step(sched))
-        if self.structured is None or not self.structured.constrains(sched):
-            self._sample(step)
-        return step
+        forward = self.executor.start_step(sched)
+        if self.structured is not None and self.structured.constrains(sched):
+            return InFlightStep(sched, forward)
+        return InFlightStep(sched, None, tokens=self.executor.finish_step(forward))
 
     def _sample(self, step: InFlightStep) -> InFlightStep:
         """Sample a queued step with its grammar masks (waiting for them); its tokens start for the host."""
