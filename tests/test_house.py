@@ -200,3 +200,29 @@ def test_the_wheel_works_without_the_repository(tmp_path):
     assert {"qwen3-0.6b", "qwen3-8b", "qwen3-32b", "llama-3.1-8b", "tiny-qwen3"} <= set(ast.literal_eval(out[1]))
     path, hint = ast.literal_eval(out[2])
     assert path.startswith(str(tmp_path / "site")) and hint == "dummy"
+
+
+def test_the_engine_changes_nothing_of_its_callers(tiny_tied_model):
+    """Requests are copied on admission: the caller's ``SamplingParams`` (and what they hold) come back as they
+    went in, the engine's copy is another object, and building and running an engine leaves torch's global
+    random state alone (unseeded sampling draws from the engine's own generator)."""
+    import copy
+
+    import torch
+
+    from minivllm.structured_outputs_params import StructuredOutputsParams
+
+    params = SamplingParams(temperature=0.8, n=2, seed=7, max_tokens=6, bad_words=["def", "x y"],
+                            logit_bias={5: 1.0}, stop=["\n\n"], repetition_penalty=1.1,
+                            structured_outputs=StructuredOutputsParams(regex="[a-z ]+"))
+    before = copy.deepcopy(params)
+    rng = torch.get_rng_state()
+    with LLM(tiny_tied_model, device="cpu", max_model_len=128, num_kvcache_blocks=32) as llm:
+        llm.generate(["def f(x):", "import os"], params, use_tqdm=False)
+        llm.generate(["a"], SamplingParams(temperature=1.0, max_tokens=4), use_tqdm=False)
+        rid = llm.engine.add_request("def g(", params)
+        assert llm.engine._requests[rid].params is not params
+        assert llm.engine._requests[rid].seqs[0].bad_words_token_ids  # derived data lives on the request
+        llm.engine.abort_request(rid)
+    assert params == before and vars(params) == vars(before)
+    assert torch.equal(torch.get_rng_state(), rng)
