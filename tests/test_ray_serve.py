@@ -49,7 +49,7 @@ def serve_url():
 def _deploy(url: str, **server) -> openai.OpenAI:
     from ray import serve
 
-    from minivllm.entrypoints.ray_serve.app import build_serve_app
+    from minivllm.scale_out.serve.app import build_serve_app
 
     engine = {**KW, "data_parallel_size": server.pop("data_parallel_size", 2)}
     serve.run(build_serve_app(DEMO, engine, ServerConfig(served_model_name="demo", **server)), name="minivllm",

@@ -219,7 +219,7 @@ def run_server(args) -> int:
 
     config = server_config(args)
     if (args.data_parallel_size or 1) > 1 or config.autoscale_max_replicas is not None:
-        from minivllm.entrypoints.ray_serve.app import run_ray_server
+        from minivllm.scale_out.serve.app import run_ray_server
 
         return run_ray_server(args.model, engine_kwargs(args), config)
     name = config.served_model_name or args.model

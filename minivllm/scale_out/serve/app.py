@@ -31,10 +31,10 @@ def build_serve_app(model: str, engine_kwargs: dict, server: ServerConfig):
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    from minivllm.entrypoints.ray_serve.front import OpenAIFront
-    from minivllm.entrypoints.ray_serve.metrics import MetricsBoard
-    from minivllm.entrypoints.ray_serve.replica import EngineReplica
-    from minivllm.entrypoints.ray_serve.router import PrefixAwareRouter
+    from minivllm.scale_out.serve.front import OpenAIFront
+    from minivllm.scale_out.serve.metrics import MetricsBoard
+    from minivllm.scale_out.serve.replica import EngineReplica
+    from minivllm.scale_out.serve.router import PrefixAwareRouter
 
     config = Config.create(model, **engine_kwargs)  # ValueError naming the field
     pc, sc = config.parallel_config, config.scheduler_config
@@ -99,7 +99,7 @@ def builder_argv(args: dict) -> list[str]:
 
 
 def app_builder(args: dict):
-    """A Serve application builder (``import_path: minivllm.entrypoints.ray_serve.app:app_builder``): ``args``
+    """A Serve application builder (``import_path: minivllm.scale_out.serve.app:app_builder``): ``args``
     holds ``model`` and any ``minivllm serve`` flag by field name (``data_parallel_size: 2``), typed (a config
     file) or as strings (``serve run ... data_parallel_size=2``); ValueError for an unknown or bad one."""
     from minivllm.entrypoints.args import engine_kwargs

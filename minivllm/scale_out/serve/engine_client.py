@@ -17,10 +17,10 @@ import asyncio
 import uuid
 
 from minivllm.engine.async_engine import EngineDeadError, EngineNotReadyError
-from minivllm.entrypoints.ray_serve.outbox import RequestFailed
-from minivllm.entrypoints.ray_serve.replica import Channel, ModelInfo, ReplicaRequest
-from minivllm.entrypoints.ray_serve.replica_stream import ReplicaDiedError, ReplicaStream, unwrap
 from minivllm.sampling_params import SamplingParams
+from minivllm.scale_out.serve.outbox import RequestFailed
+from minivllm.scale_out.serve.replica import Channel, ModelInfo, ReplicaRequest
+from minivllm.scale_out.serve.replica_stream import ReplicaDiedError, ReplicaStream, unwrap
 
 _CHANNEL_OPEN_S = 60.0  # a channel that does not open by then: its replica is gone
 

@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from minivllm.engine.async_engine import EngineDeadError
-from minivllm.entrypoints.ray_serve.replica import ReplicaRequest
 from minivllm.outputs import RequestOutput
+from minivllm.scale_out.serve.replica import ReplicaRequest
 
 _FINAL_GRACE_S = 5.0  # how long a final output may trail its request's call (they travel on different streams)
 

@@ -6,7 +6,7 @@ the request (so bad parameters and a full queue fail the call before anything st
 the request ends: Serve counts it as one request in flight (least-loaded routing, autoscaling), and the front
 cancels it to abort the request. The outputs themselves travel on the front's channel (``outputs``, one per
 front and replica), batched per engine step (``outbox.py``). Every ``metrics_interval_s`` the replica posts its
-Prometheus metrics to the :class:`~minivllm.entrypoints.ray_serve.metrics.MetricsBoard`, under its replica id.
+Prometheus metrics to the :class:`~minivllm.scale_out.serve.metrics.MetricsBoard`, under its replica id.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from minivllm.engine.async_engine import EngineDeadError
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
-from minivllm.entrypoints.ray_serve.outbox import ChannelLLM, Outbox, RequestFailed
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.scale_out.serve.outbox import ChannelLLM, Outbox, RequestFailed
 
 
 @dataclass(frozen=True)
