@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from minivllm import LLM, SamplingParams  # noqa: E402
-from minivllm.entrypoints.openai.server_config import ServerConfig  # noqa: E402
+from minivllm.config.server import ServerConfig  # noqa: E402
 from tests.ray_utils import ray_processes  # noqa: E402
 from tests.server_utils import free_port  # noqa: E402
 

@@ -252,7 +252,7 @@ def test_app_builder_takes_serve_flags_by_field_name_typed_or_as_strings():
     assert builder_argv({"model": "m", "data_parallel_size": "2", "enable_prefix_caching": "false",
                          "enforce_eager": True, "trust_request_chat_template": "false", "api_key": ["a", "b"],
                          "max_n": 4}) == [
-        "serve", "m", "--data-parallel-size", "2", "--no-enable-prefix-caching", "--enforce-eager",
+        "m", "--data-parallel-size", "2", "--no-enable-prefix-caching", "--enforce-eager",
         "--api-key", "a", "--api-key", "b", "--max-n", "4"]
     demo = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "models" / "minivllm-demo-py")
     assert isinstance(app_builder({"model": demo, "device": "cpu", "data_parallel_size": "2"}), Application)

@@ -24,6 +24,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minivllm import __version__
+from minivllm.config.server import ServerConfig
 from minivllm.engine.async_engine import AsyncLLM, EngineDeadError, EngineNotReadyError, EngineOverloadedError
 from minivllm.engine.tokenizer import chat_template_args
 from minivllm.entrypoints.openai import protocol as P
@@ -32,7 +33,6 @@ from minivllm.entrypoints.openai.guards import RequestGuard, RequestIdHeader, gu
 from minivllm.entrypoints.openai.inputs import RequestLimits
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body
-from minivllm.entrypoints.openai.server_config import ServerConfig
 from minivllm.entrypoints.openai.serving import OpenAIServing
 from minivllm.entrypoints.openai.serving_base import ChatParsers
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
@@ -205,25 +205,13 @@ async def _watch_engine(app: FastAPI, async_llm: AsyncLLM) -> None:
         app.state.on_engine_failure()
 
 
-def server_config(args) -> ServerConfig:
-    """The ServerConfig of parsed ``minivllm serve`` flags (the ones given; defaults for the rest)."""
-    return ServerConfig(**{k: v for k, v in vars(args).items() if k in ServerConfig.__dataclass_fields__
-                           and v is not None})
-
-
-def run_server(args) -> int:
-    """Serve until SIGINT/SIGTERM; returns the exit code (0 after a graceful shutdown, 1 if the engine failed)."""
+def run_server(model: str, engine_kwargs: dict, config: ServerConfig) -> int:
+    """Serve one engine until SIGINT/SIGTERM; returns the exit code (0 after a graceful shutdown, 1 if the engine
+    failed)."""
     import uvicorn
 
-    from minivllm.entrypoints.args import engine_kwargs
-
-    config = server_config(args)
-    if (args.data_parallel_size or 1) > 1 or config.autoscale_max_replicas is not None:
-        from minivllm.scale_out.serve.app import run_ray_server
-
-        return run_ray_server(args.model, engine_kwargs(args), config)
-    name = config.served_model_name or args.model
-    async_llm = AsyncLLM.from_model(args.model, max_num_waiting=config.max_num_waiting, **engine_kwargs(args))
+    name = config.served_model_name or model
+    async_llm = AsyncLLM.from_model(model, max_num_waiting=config.max_num_waiting, **engine_kwargs)
     app = build_app(async_llm, name, config)
 
     class Server(uvicorn.Server):
