@@ -16,21 +16,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from minivllm.engine.protocol import EngineDeadError, EngineNotReadyError, EngineOverloadedError
 from minivllm.outputs import RequestOutput, StepStats
 
+__all__ = ["EngineDeadError", "EngineLoop", "EngineNotReadyError", "EngineOverloadedError"]
+
 logger = logging.getLogger(__name__)
-
-
-class EngineNotReadyError(RuntimeError):
-    """The engine is still loading, or is shutting down: try again later (HTTP 503)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop failed; no request can run any more (HTTP 503)."""
-
-
-class EngineOverloadedError(RuntimeError):
-    """Too many sequences are waiting for the engine already: try again later (HTTP 429)."""
 
 
 class EngineLoop:

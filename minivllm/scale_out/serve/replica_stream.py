@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from minivllm.engine.async_engine import EngineDeadError
+from minivllm.engine.protocol import EngineDeadError
 from minivllm.outputs import RequestOutput
 from minivllm.scale_out.serve.replica import ReplicaRequest
 
