@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from minivllm.engine.async_engine import AsyncLLM, EngineDeadError, EngineNotReadyError
+from minivllm.engine.engine_loop import EngineLoop
 from minivllm.engine.protocol import ModelInfo
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.outputs import CompletionOutput, RequestOutput, StepStats
@@ -139,6 +140,34 @@ def test_model_info_and_grammars_once_ready():
 
     assert run(main()) == ModelInfo(max_model_len=64, vocab_size=128, eos_token_ids=(0,), kvcache_block_size=16,
                                     num_kvcache_blocks=8)
+
+
+def test_engine_loop_survives_a_broken_stat_logger_and_fails_adds_queued_after_it_died():
+    class Broken:
+        def on_cache_config(self, block_size, num_blocks): ...
+
+        def on_step(self, outputs, stats, now):
+            raise RuntimeError("metrics bug")
+
+        def on_abort(self, request_id, now): ...
+
+    engine, ready, outputs, failed = FakeEngine(fail_at_step=3), threading.Event(), [], []
+    loop = EngineLoop(lambda: engine, [Broken()], ready.set, outputs.extend, failed.append)
+    loop.start()
+    assert ready.wait(10)
+    assert loop.add("r", [1, 2], SamplingParams(max_tokens=2)).result(10) == "r"
+    with pytest.raises(ValueError, match="empty"):
+        loop.add("bad", [], SamplingParams()).result(10)
+    deadline = time.monotonic() + 10
+    while not failed:  # steps on, past the logger's errors, until the engine fails at its fourth step
+        loop.add(f"x{len(outputs)}", [1], SamplingParams(max_tokens=50))
+        time.sleep(0.01)
+        assert time.monotonic() < deadline
+    assert [o.request_id for o in outputs if o.finished][:1] == ["r"] and isinstance(failed[0], RuntimeError)
+    with pytest.raises(EngineDeadError):
+        loop.add("late", [1], SamplingParams()).result(10)
+    loop.stop(10)
+    assert engine.closed
 
 
 def test_bad_request_raises_and_engine_keeps_serving():
