@@ -18,12 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from minivllm.engine.protocol import EngineDeadError, EngineNotReadyError, EngineOverloadedError, StatLogger
+from minivllm.engine.protocol import EngineDeadError, StatLogger
 from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
-__all__ = ["AbortRequest", "AddRequest", "EngineDeadError", "EngineLoop", "EngineNotReadyError",
-           "EngineOverloadedError", "Stop"]
+__all__ = ["AbortRequest", "AddRequest", "EngineLoop", "Stop"]
 
 logger = logging.getLogger(__name__)
 
