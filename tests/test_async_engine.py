@@ -12,9 +12,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from minivllm.engine.async_engine import AsyncLLM, EngineDeadError, EngineNotReadyError
+from minivllm.engine.engine_loop import EngineLoop
+from minivllm.engine.protocol import ModelInfo
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.outputs import CompletionOutput, RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_outputs_params import StructuredOutputsParams
 
 
 class CharTokenizer:
@@ -46,7 +49,9 @@ class FakeEngine:
         self.thread_ids: set[int] = set()
         self.closed = False
         self.tokenizer = CharTokenizer()
-        self.config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64))
+        self.config = SimpleNamespace(cache_config=SimpleNamespace(kvcache_block_size=16), model_config=SimpleNamespace(
+            max_model_len=64, arch=SimpleNamespace(vocab_size=128)))
+        self.num_kvcache_blocks, self.eos_token_ids, self.structured = 8, [0], None
 
     def add_request(self, prompt, params, request_id=None, stream=False, strict_length=False):
         self.thread_ids.add(threading.get_ident())
@@ -111,10 +116,58 @@ def test_stream_deltas_and_metrics():
     assert "".join(o.outputs[0].delta_text for o in outs) == "abcd" == outs[-1].outputs[0].text
     assert [o.finished for o in outs] == [False, False, False, True]
     assert engine.closed and len(engine.thread_ids) == 1 and threading.get_ident() not in engine.thread_ids
-    samples = {s.name: s.value for f in text_string_to_metric_families(stats.render().decode()) for s in f.samples}
+    families = {f.name: f for f in text_string_to_metric_families(stats.render().decode())}
+    samples = {s.name: s.value for f in families.values() for s in f.samples}
     assert samples["vllm:generation_tokens_total"] == 4 and samples["vllm:prompt_tokens_total"] == 2
+    (info,) = families["vllm:cache_config_info"].samples  # the engine's hook, once ready
+    assert info.labels["block_size"] == "16" and info.labels["num_gpu_blocks"] == "8"
     assert samples["vllm:e2e_request_latency_seconds_count"] == 1
     assert samples["vllm:inter_token_latency_seconds_count"] == 3
+
+
+def test_model_info_and_grammars_once_ready():
+    async def main():
+        llm = AsyncLLM(FakeEngine)
+        with pytest.raises(EngineNotReadyError):
+            llm.model_info()
+        llm.start()
+        await llm.wait_ready()
+        info = llm.model_info()
+        with pytest.raises(ValueError, match="need a tokenizer"):  # the fake engine has no grammar compiler
+            await llm.compile_grammar(StructuredOutputsParams(regex="a+"))
+        await llm.shutdown()
+        return info
+
+    assert run(main()) == ModelInfo(max_model_len=64, vocab_size=128, eos_token_ids=(0,), kvcache_block_size=16,
+                                    num_kvcache_blocks=8)
+
+
+def test_engine_loop_survives_a_broken_stat_logger_and_fails_adds_queued_after_it_died():
+    class Broken:
+        def on_cache_config(self, block_size, num_blocks): ...
+
+        def on_step(self, outputs, stats, now):
+            raise RuntimeError("metrics bug")
+
+        def on_abort(self, request_id, now): ...
+
+    engine, ready, outputs, failed = FakeEngine(fail_at_step=3), threading.Event(), [], []
+    loop = EngineLoop(lambda: engine, [Broken()], ready.set, outputs.extend, failed.append)
+    loop.start()
+    assert ready.wait(10)
+    assert loop.add("r", [1, 2], SamplingParams(max_tokens=2)).result(10) == "r"
+    with pytest.raises(ValueError, match="empty"):
+        loop.add("bad", [], SamplingParams()).result(10)
+    deadline = time.monotonic() + 10
+    while not failed:  # steps on, past the logger's errors, until the engine fails at its fourth step
+        loop.add(f"x{len(outputs)}", [1], SamplingParams(max_tokens=50))
+        time.sleep(0.01)
+        assert time.monotonic() < deadline
+    assert [o.request_id for o in outputs if o.finished][:1] == ["r"] and isinstance(failed[0], RuntimeError)
+    with pytest.raises(EngineDeadError):
+        loop.add("late", [1], SamplingParams()).result(10)
+    loop.stop(10)
+    assert engine.closed
 
 
 def test_bad_request_raises_and_engine_keeps_serving():
@@ -152,6 +205,8 @@ def test_cancelled_consumer_aborts_its_request():
     engine, aborts = FakeEngine(), []
 
     class Recorder:
+        def on_cache_config(self, block_size, num_blocks): ...
+
         def on_step(self, outputs, stats, now): ...
 
         def on_abort(self, request_id, now):

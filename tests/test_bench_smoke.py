@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import minivllm
-from minivllm.entrypoints.bench import add_bench_parser, latency, throughput
+from minivllm.entrypoints.bench import latency, throughput
+from minivllm.entrypoints.bench.commands import add_bench_parser
 from minivllm.entrypoints.bench.models import CONFIGS_DIR, resolve_model, shipped_models
 
 TINY = ["--device", "cpu", "--max-model-len", "256", "--num-kvcache-blocks", "64"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.data_parallel import shard_bounds
+from minivllm.scale_out.data_parallel import shard_bounds
 from tests.ray_utils import ray_processes
 
 DEMO = str(Path(__file__).resolve().parents[1] / "models" / "minivllm-demo-py")
@@ -36,7 +36,7 @@ def test_data_parallel_size_is_validated_before_ray_starts():
 
 @pytest.mark.parametrize("sizes", [dict(data_parallel_size=0), dict(tensor_parallel_size=0)])
 def test_generate_dataset_validates_sizes_first(sizes):
-    from minivllm.engine.ray_data import generate_dataset
+    from minivllm.scale_out.ray_data import generate_dataset
 
     with pytest.raises(ValueError, match="data_parallel_size and tensor_parallel_size must be >= 1"):
         generate_dataset(None, DEMO, **sizes)
@@ -77,7 +77,7 @@ def test_ray_data_keeps_rows_and_order_and_gives_one_engines_outputs():
     and the added outputs are one engine's greedy outputs."""
     ray = pytest.importorskip("ray")
     pytest.importorskip("ray.data")
-    from minivllm.engine.ray_data import generate_dataset
+    from minivllm.scale_out.ray_data import generate_dataset
 
     prompts = PROMPTS * 3  # 15 rows in 8 batches of 2 (the last one short)
     with LLM(DEMO, **KW) as one:

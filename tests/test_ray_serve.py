@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from minivllm import LLM, SamplingParams  # noqa: E402
-from minivllm.entrypoints.openai.server_config import ServerConfig  # noqa: E402
+from minivllm.config.server import ServerConfig  # noqa: E402
 from tests.ray_utils import ray_processes  # noqa: E402
 from tests.server_utils import free_port  # noqa: E402
 
@@ -49,7 +49,7 @@ def serve_url():
 def _deploy(url: str, **server) -> openai.OpenAI:
     from ray import serve
 
-    from minivllm.entrypoints.ray_serve.app import build_serve_app
+    from minivllm.scale_out.serve.app import build_serve_app
 
     engine = {**KW, "data_parallel_size": server.pop("data_parallel_size", 2)}
     serve.run(build_serve_app(DEMO, engine, ServerConfig(served_model_name="demo", **server)), name="minivllm",

@@ -15,12 +15,12 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from ray.exceptions import ActorDiedError, RayTaskError  # noqa: E402
 
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger  # noqa: E402
-from minivllm.entrypoints.ray_serve.metrics import MetricsBoard, merge_replica_metrics  # noqa: E402
-from minivllm.entrypoints.ray_serve.prefix_index import PrefixIndex, block_hashes  # noqa: E402
-from minivllm.entrypoints.ray_serve.replica import ReplicaRequest  # noqa: E402
-from minivllm.entrypoints.ray_serve.replica_stream import ReplicaDiedError  # noqa: E402
 from minivllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from minivllm.sampling_params import SamplingParams  # noqa: E402
+from minivllm.scale_out.serve.metrics import MetricsBoard, merge_replica_metrics  # noqa: E402
+from minivllm.scale_out.serve.prefix_index import PrefixIndex, block_hashes  # noqa: E402
+from minivllm.scale_out.serve.replica import ReplicaRequest  # noqa: E402
+from minivllm.scale_out.serve.replica_stream import ReplicaDiedError  # noqa: E402
 
 
 def test_block_hashes_chain_full_blocks_only():
@@ -53,7 +53,7 @@ def test_prefix_index_longest_leading_run_and_lru_capacity():
 def _router(imbalance: int = 8):
     from ray.serve._private.common import DeploymentHandleSource, DeploymentID
 
-    from minivllm.entrypoints.ray_serve.router import PrefixAwareRouter
+    from minivllm.scale_out.serve.router import PrefixAwareRouter
 
     r = PrefixAwareRouter(deployment_id=DeploymentID(name="EngineReplica", app_name="t"),
                           handle_source=DeploymentHandleSource.UNKNOWN, use_replica_queue_len_cache=True)
@@ -134,7 +134,7 @@ class _Call:
 
 def _client(*calls):
     """A ReplicaEngineClient whose ``generate`` calls are ``calls``, in order (no channel is opened)."""
-    from minivllm.entrypoints.ray_serve.engine_client import ReplicaEngineClient
+    from minivllm.scale_out.serve.engine_client import ReplicaEngineClient
 
     sent = []
 
@@ -213,7 +213,7 @@ def test_a_replica_that_dies_after_streaming_ends_the_stream_with_an_error():
 
 
 def test_a_request_its_replica_failed_gets_a_503_error():
-    from minivllm.entrypoints.ray_serve.outbox import RequestFailed
+    from minivllm.scale_out.serve.outbox import RequestFailed
 
     async def scenario():
         client = _client(_Call("r1"))
@@ -247,12 +247,12 @@ def test_the_replicas_own_error_reaches_the_handler_unwrapped_and_abort_cancels(
 def test_app_builder_takes_serve_flags_by_field_name_typed_or_as_strings():
     from ray.serve import Application
 
-    from minivllm.entrypoints.ray_serve.app import app_builder, builder_argv
+    from minivllm.scale_out.serve.app import app_builder, builder_argv
 
     assert builder_argv({"model": "m", "data_parallel_size": "2", "enable_prefix_caching": "false",
                          "enforce_eager": True, "trust_request_chat_template": "false", "api_key": ["a", "b"],
                          "max_n": 4}) == [
-        "serve", "m", "--data-parallel-size", "2", "--no-enable-prefix-caching", "--enforce-eager",
+        "m", "--data-parallel-size", "2", "--no-enable-prefix-caching", "--enforce-eager",
         "--api-key", "a", "--api-key", "b", "--max-n", "4"]
     demo = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "models" / "minivllm-demo-py")
     assert isinstance(app_builder({"model": demo, "device": "cpu", "data_parallel_size": "2"}), Application)

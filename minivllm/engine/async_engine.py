@@ -1,39 +1,39 @@
 """AsyncLLM: an engine stepped by its own thread, driven from asyncio (continuous batching).
 
 The engine is not thread-safe, so an ``EngineLoop`` thread builds it and makes every engine call.
-This module is the asyncio side: ``add_request`` sends an ``add`` command and awaits the engine's
-verdict (its ValueError reaches the caller), and each step's outputs come back with
-``loop.call_soon_threadsafe`` into one ``asyncio.Queue`` per request. The event loop never blocks
-on the model; requests that arrive mid-flight join the next step.
+This module is the asyncio side, and the single-engine ``EngineClient`` (``engine/protocol.py``):
+``add_request`` sends an ``AddRequest`` command and awaits the engine's verdict (its ValueError reaches
+the caller), and each step's outputs come back with ``loop.call_soon_threadsafe`` into one
+``asyncio.Queue`` per request. The event loop never blocks on the model; requests that arrive
+mid-flight join the next step. Outside the engine loop, only this class reads the engine, and only what
+does not change once it is built (its tokenizer, config and KV cache size) or is thread-safe (its grammar
+cache).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
-from minivllm.engine.engine_loop import (
+from minivllm.engine.engine_loop import EngineLoop
+from minivllm.engine.protocol import (
     EngineDeadError,
-    EngineLoop,
     EngineNotReadyError,
     EngineOverloadedError,
+    ModelInfo,
+    StatLogger,
 )
-from minivllm.outputs import CompletionOutput, RequestOutput, StepStats
+from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_outputs_params import StructuredOutputsParams
 
 __all__ = ["AsyncLLM", "EngineDeadError", "EngineNotReadyError", "EngineOverloadedError", "RequestStream",
            "StatLogger"]
 
-
-class StatLogger(Protocol):
-    """Receives what the engine loop does; called on the engine loop thread."""
-
-    def on_step(self, outputs: list[RequestOutput], stats: StepStats, now: float) -> None: ...
-
-    def on_abort(self, request_id: str, now: float) -> None: ...
-
+logger = logging.getLogger(__name__)
 
 _ABORTED = object()  # queued to a stream that was aborted from the asyncio side
 
@@ -86,7 +86,7 @@ class RequestStream:
 
 
 class AsyncLLM:
-    """An ``LLMEngine`` on its own thread, with an asyncio API.
+    """An ``LLMEngine`` on its own thread, with an asyncio API: an ``EngineClient``.
 
     ``AsyncLLM.from_model(path, **engine_kwargs)`` or ``AsyncLLM(engine_factory)``; call
     :meth:`start` inside the running event loop, then ``await add_request(...)`` (or iterate
@@ -103,6 +103,8 @@ class AsyncLLM:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: EngineLoop | None = None
+        self._engine: Any = None  # the engine loop's engine once it is built (set on the event loop)
+        self._info: ModelInfo | None = None
         self._ready_event: asyncio.Event | None = None
         self._dead_event: asyncio.Event | None = None
 
@@ -125,7 +127,7 @@ class AsyncLLM:
         self._loop = asyncio.get_running_loop()
         self._ready_event = asyncio.Event()
         self._dead_event = asyncio.Event()
-        self._worker = EngineLoop(self._factory, self.stat_loggers, on_ready=self._threadsafe(self._ready_event.set),
+        self._worker = EngineLoop(self._factory, self.stat_loggers, on_ready=self._threadsafe(self._on_ready),
                                   on_outputs=self._threadsafe(self._dispatch),
                                   on_failed=self._threadsafe(self._on_failed))
         self._worker.start()
@@ -136,14 +138,9 @@ class AsyncLLM:
         return self._worker.error if self._worker is not None else None
 
     @property
-    def engine(self) -> Any:
-        """The engine (built on, and owned by, the engine loop thread); None until ready."""
-        return self._worker.engine if self._worker is not None and self._worker.ready.is_set() else None
-
-    @property
     def is_ready(self) -> bool:
         """True once the engine is built, while it is healthy and not shutting down."""
-        return self.engine is not None and self.error is None and not self._stopping
+        return self._info is not None and self.error is None and not self._stopping
 
     async def wait_dead(self) -> BaseException:
         """Wait until the engine loop has failed (after :meth:`start`); returns why."""
@@ -158,12 +155,20 @@ class AsyncLLM:
 
     @property
     def tokenizer(self):
-        """The engine's Hugging Face tokenizer (read-only use from the event loop is fine)."""
-        return self.engine.tokenizer if self.engine is not None else None
+        """The engine's Hugging Face tokenizer (read-only use from the event loop is fine); None until ready."""
+        return self._engine.tokenizer if self._engine is not None else None
 
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.config.model_config.max_model_len
+    def model_info(self) -> ModelInfo:
+        """The model's lengths, vocabulary and KV cache (EngineNotReadyError until the engine is built)."""
+        if self._info is None:
+            self.check_usable()  # NOTE: raises: loading, failed, or shutting down before it loaded
+        return self._info
+
+    def add_stat_logger(self, stat_logger: StatLogger) -> None:
+        """Report to ``stat_logger`` too (its ``on_cache_config`` at once if the engine is ready)."""
+        self.stat_loggers.append(stat_logger)
+        if self._info is not None:
+            self._tell_cache_config(stat_logger)
 
     def begin_shutdown(self) -> None:
         """Refuse new requests and abort the ones in flight (their streams end with "abort")."""
@@ -184,7 +189,7 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine failed: {self.error!r}")
         if self._stopping:
             raise EngineNotReadyError("the server is shutting down")
-        if self.engine is None:
+        if self._info is None:
             raise EngineNotReadyError("the engine is still loading")
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams,
@@ -229,6 +234,16 @@ class AsyncLLM:
             rs._queue.put_nowait(_ABORTED)
             self._worker.abort(request_id)
 
+    async def compile_grammar(self, params: StructuredOutputsParams) -> None:
+        """Compile the grammar of ``params`` on a worker thread into the engine's grammar cache (its ``prepare`` is
+        thread-safe), so that the engine finds it compiled; ValueError naming the field for an invalid one."""
+        if self._engine is None:
+            self.check_usable()
+        structured = self._engine.structured
+        if structured is None:
+            raise ValueError("structured outputs need a tokenizer, and this model has none")
+        await asyncio.to_thread(structured.prepare, params)
+
     # ------------------------------------------- called from the engine loop
     def _threadsafe(self, fn: Callable) -> Callable:
         def call(*args) -> None:
@@ -238,6 +253,24 @@ class AsyncLLM:
                 pass
 
         return call
+
+    def _on_ready(self) -> None:
+        engine = self._worker.engine
+        try:
+            mc, cc = engine.config.model_config, engine.config.cache_config
+            self._info = ModelInfo(mc.max_model_len, mc.arch.vocab_size, tuple(engine.eos_token_ids),
+                                   cc.kvcache_block_size, engine.num_kvcache_blocks)
+            self._engine = engine
+            for sl in tuple(self.stat_loggers):
+                self._tell_cache_config(sl)
+        finally:
+            self._ready_event.set()
+
+    def _tell_cache_config(self, sl: StatLogger) -> None:
+        try:
+            sl.on_cache_config(self._info.kvcache_block_size, self._info.num_kvcache_blocks)
+        except Exception:  # a metrics bug must not take the engine down
+            logger.exception("stat logger %r failed in on_cache_config", sl)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

@@ -1,6 +1,7 @@
 """EngineLoop: the one thread that builds and owns an engine, and makes every call into it.
 
-Other threads talk to it only through a thread-safe command queue (``add``, ``abort``, ``stop``).
+Other threads talk to it only through a thread-safe queue of commands (``AddRequest``, ``AbortRequest``,
+``Stop``).
 The thread drains the queue, steps the engine while it has work (a request added mid-flight joins
 the next step: continuous batching), tells the stat loggers, and hands each step's outputs to the
 ``on_outputs`` callback; when idle it blocks on the queue.
@@ -14,23 +15,41 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from minivllm.engine.protocol import EngineDeadError, StatLogger
 from minivllm.outputs import RequestOutput, StepStats
+from minivllm.sampling_params import SamplingParams
+
+__all__ = ["AbortRequest", "AddRequest", "EngineLoop", "Stop"]
 
 logger = logging.getLogger(__name__)
 
 
-class EngineNotReadyError(RuntimeError):
-    """The engine is still loading, or is shutting down: try again later (HTTP 503)."""
+@dataclass(frozen=True)
+class AddRequest:
+    """Add a request to the engine; ``future`` gets the request id, or the engine's ValueError."""
+
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    future: concurrent.futures.Future
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop failed; no request can run any more (HTTP 503)."""
+@dataclass(frozen=True)
+class AbortRequest:
+    """Abort a request (its KV blocks are freed before the next step); unknown ids are ignored."""
+
+    request_id: str
 
 
-class EngineOverloadedError(RuntimeError):
-    """Too many sequences are waiting for the engine already: try again later (HTTP 429)."""
+@dataclass(frozen=True)
+class Stop:
+    """Leave the loop (after the commands queued before this one) and close the engine."""
+
+
+Command = AddRequest | AbortRequest | Stop
 
 
 class EngineLoop:
@@ -41,16 +60,16 @@ class EngineLoop:
     loop then ends; ``error`` holds the exception). ``stat_loggers`` get ``on_step`` / ``on_abort``.
     """
 
-    def __init__(self, factory: Callable[[], Any], stat_loggers: list, on_ready: Callable[[], None],
+    def __init__(self, factory: Callable[[], Any], stat_loggers: list[StatLogger], on_ready: Callable[[], None],
                  on_outputs: Callable[[list[RequestOutput]], None], on_failed: Callable[[BaseException], None]):
         self._factory, self.stat_loggers = factory, stat_loggers
         self._on_ready, self._on_outputs, self._on_failed = on_ready, on_outputs, on_failed
         self.engine: Any = None
         self.error: BaseException | None = None
         self.ready = threading.Event()
-        self._commands: queue.Queue = queue.Queue()
+        self._commands: queue.Queue[Command] = queue.Queue()
         self._live: set[str] = set()  # requests in the engine (for the abort statistics)
-        self._queued_seqs = 0  # sequences of "add" commands not yet run (written by both threads)
+        self._queued_seqs = 0  # sequences of AddRequest commands not yet run (written by both threads)
         self._queued_lock = threading.Lock()
         self.engine_waiting = 0  # sequences the scheduler had waiting after the latest step
         self._thread = threading.Thread(target=self._run, name="minivllm-engine-loop", daemon=True)
@@ -68,18 +87,18 @@ class EngineLoop:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._queued_lock:
             self._queued_seqs += params.n
-        self._commands.put(("add", request_id, prompt, params, fut))
+        self._commands.put(AddRequest(request_id, prompt, params, fut))
         if self.error is not None:  # the loop is gone: nobody else will answer
             self._fail_commands()
         return fut
 
     def abort(self, request_id: str) -> None:
         """Queue an ``engine.abort_request`` (frees the request's KV blocks before the next step)."""
-        self._commands.put(("abort", request_id))
+        self._commands.put(AbortRequest(request_id))
 
     def stop(self, timeout: float | None = None) -> None:
         """Finish the queued commands, leave the loop, close the engine and join the thread."""
-        self._commands.put(("stop",))
+        self._commands.put(Stop())
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -111,7 +130,7 @@ class EngineLoop:
                 logger.exception("closing the engine failed")
 
     def _drain(self, block: bool) -> bool | None:
-        """Run the queued commands; True if any changed the engine, None on "stop"."""
+        """Run the queued commands; True if any changed the engine, None on ``Stop``."""
         changed = False
         while True:
             try:
@@ -119,43 +138,56 @@ class EngineLoop:
             except queue.Empty:
                 return changed
             block = False
-            if cmd[0] == "stop":
-                return None
-            if cmd[0] == "add":
-                _, request_id, prompt, params, fut = cmd
-                with self._queued_lock:
-                    self._queued_seqs -= params.n
-                try:
-                    # NOTE: every online request reports each step (metrics, aborts), streamed or not
-                    self.engine.add_request(prompt, params, request_id=request_id, stream=True, strict_length=True)
-                except Exception as exc:
-                    fut.set_exception(exc)
-                    continue
-                fut.set_result(request_id)
-                self._live.add(request_id)
-                self.engine_waiting += params.n  # NOTE: until the next step's statistics say exactly
-            elif cmd[0] == "abort":
-                self.engine.abort_request(cmd[1])
-                if cmd[1] in self._live:
-                    self._live.discard(cmd[1])
-                    self._notify("on_abort", cmd[1], time.monotonic())
+            match cmd:
+                case Stop():
+                    return None
+                case AddRequest():
+                    if not self._add(cmd):
+                        continue
+                case AbortRequest():
+                    self._abort(cmd.request_id)
             changed = True
+
+    def _add(self, cmd: AddRequest) -> bool:
+        """Run an ``AddRequest``; False if the engine refused it (its future holds why)."""
+        with self._queued_lock:
+            self._queued_seqs -= cmd.params.n
+        try:
+            # NOTE: every online request reports each step (metrics, aborts), streamed or not
+            self.engine.add_request(cmd.prompt, cmd.params, request_id=cmd.request_id, stream=True,
+                                    strict_length=True)
+        except Exception as exc:
+            cmd.future.set_exception(exc)
+            return False
+        cmd.future.set_result(cmd.request_id)
+        self._live.add(cmd.request_id)
+        self.engine_waiting += cmd.params.n  # NOTE: until the next step's statistics say exactly
+        return True
+
+    def _abort(self, request_id: str) -> None:
+        self.engine.abort_request(request_id)
+        if request_id in self._live:
+            self._live.discard(request_id)
+            now = time.monotonic()
+            self._notify("on_abort", lambda sl: sl.on_abort(request_id, now))
 
     def _publish(self, outputs: list[RequestOutput], stats: StepStats) -> None:
         self.engine_waiting = stats.num_waiting
         for out in outputs:
             if out.finished:
                 self._live.discard(out.request_id)
-        self._notify("on_step", outputs, stats, time.monotonic())
+        now = time.monotonic()
+        self._notify("on_step", lambda sl: sl.on_step(outputs, stats, now))
         if outputs:
             self._on_outputs(outputs)
 
-    def _notify(self, method: str, *args) -> None:
+    def _notify(self, what: str, call: Callable[[StatLogger], None]) -> None:
+        """``call(sl)`` for every stat logger (``what`` names the method, for the log)."""
         for sl in tuple(self.stat_loggers):
             try:
-                getattr(sl, method)(*args)
+                call(sl)
             except Exception:  # a metrics bug must not take the engine down
-                logger.exception("stat logger %r failed in %s", sl, method)
+                logger.exception("stat logger %r failed in %s", sl, what)
 
     def _die(self, exc: BaseException) -> None:
         self.error = exc
@@ -168,5 +200,5 @@ class EngineLoop:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] == "add" and not cmd[-1].done():
-                cmd[-1].set_exception(EngineDeadError(f"the engine failed: {self.error!r}"))
+            if isinstance(cmd, AddRequest) and not cmd.future.done():
+                cmd.future.set_exception(EngineDeadError(f"the engine failed: {self.error!r}"))

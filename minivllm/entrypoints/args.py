@@ -1,7 +1,8 @@
 """Command-line flags generated from config dataclasses: one flag per field declared with ``arg()``.
 
 The engine's flags come from the ``Config`` sub-configs (``--max-num-seqs``), the server's from
-``ServerConfig`` (``--api-key``); a field's help, choices and default make its flag's.
+``ServerConfig`` (``--api-key``); a field's help, choices and default make its flag's. ``add_serve_args`` makes
+``minivllm serve``'s arguments, for the CLI and for the Ray Serve config builder alike.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 
 from minivllm.config import SUB_CONFIGS
 from minivllm.config.fields import engine_arg_fields
+from minivllm.config.server import ServerConfig
 
 _TYPES = {"int": int, "float": float, "str": str}
 
@@ -52,6 +54,25 @@ def add_engine_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = 
     add_flags(parser, engine_flags(), "engine", exclude)
     if "tensor_parallel_size" not in exclude:
         parser.add_argument("-tp", dest="tensor_parallel_size", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The ``MODEL`` argument and one flag per engine argument (``minivllm serve`` and ``generate``)."""
+    parser.add_argument("model", help="a local Hugging Face checkpoint folder")
+    add_engine_args(parser)
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """``minivllm serve``'s arguments: ``MODEL``, the engine's flags and the server's (``ServerConfig``)."""
+    add_model_args(parser)
+    add_flags(parser, flags_of(ServerConfig), "server")
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    """A parser of ``minivllm serve``'s arguments alone (what follows ``serve`` on the command line)."""
+    parser = argparse.ArgumentParser(prog="minivllm serve")
+    add_serve_args(parser)
+    return parser
 
 
 def kwargs_of(args: argparse.Namespace, flags) -> dict:

@@ -12,12 +12,7 @@ import logging
 import os
 import sys
 
-from minivllm.entrypoints.args import add_engine_args, add_flags, engine_kwargs, flags_of
-
-
-def _add_model(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="a local Hugging Face checkpoint folder")
-    add_engine_args(parser)
+from minivllm.entrypoints.args import add_model_args, add_serve_args, engine_kwargs
 
 
 def check_model(args: argparse.Namespace) -> str:
@@ -28,13 +23,22 @@ def check_model(args: argparse.Namespace) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """One engine behind the OpenAI server, or (``--data-parallel-size N`` > 1, or autoscaling) engine replicas
+    behind it on Ray Serve."""
     check_model(args)
     logging.basicConfig(level=getattr(logging, (args.log_level or "info").upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from minivllm.entrypoints.openai.api_server import run_server
+    from minivllm.config.server import ServerConfig
 
     try:
-        return run_server(args)
+        config = ServerConfig.from_args(args)
+        if (args.data_parallel_size or 1) > 1 or config.autoscale_max_replicas is not None:
+            from minivllm.scale_out.serve.app import run_ray_server
+
+            return run_ray_server(args.model, engine_kwargs(args), config)
+        from minivllm.entrypoints.openai.api_server import run_server
+
+        return run_server(args.model, engine_kwargs(args), config)
     except ValueError as exc:  # a bad flag: the message names it
         sys.exit(f"minivllm: {exc}")
 
@@ -59,20 +63,17 @@ def _generate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``minivllm`` argument parser with all its subcommands."""
-    from minivllm.entrypoints.bench import add_bench_parser
+    from minivllm.entrypoints.bench.commands import add_bench_parser
 
     parser = argparse.ArgumentParser(prog="minivllm", description="A small LLM inference engine.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="start the OpenAI-compatible server")
-    _add_model(serve)
-    from minivllm.entrypoints.openai.server_config import ServerConfig
-
-    add_flags(serve, flags_of(ServerConfig), "server")
+    add_serve_args(serve)
     serve.set_defaults(func=_serve)
 
     gen = sub.add_parser("generate", help="generate a completion of a prompt and print it")
-    _add_model(gen)
+    add_model_args(gen)
     gen.add_argument("--prompt", action="append", required=True, help="the prompt (repeat for several)")
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=1.0)

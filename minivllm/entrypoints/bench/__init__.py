@@ -1,46 +1,7 @@
 """``minivllm bench {throughput,latency,serve}``: benchmark commands.
 
-The ``minivllm`` CLI calls ``add_bench_parser(subparsers)``; the parsed namespace then carries
-``func`` (call ``args.func(args)``; it returns an exit code). Without the CLI, run
-``python -m minivllm.entrypoints.bench throughput ...``. Each command prints its result table
-last and writes a JSON result with ``--json-out PATH``. Importing this package does not import torch.
+``commands.py`` holds the ``bench`` parser that the ``minivllm`` CLI adds (``add_bench_parser``); ``throughput``,
+``latency`` and ``serve`` are the commands, ``common`` and ``models`` what they share. Without the CLI, run
+``python -m minivllm.entrypoints.bench throughput ...``. Importing this package imports none of its modules (and
+no torch).
 """
-
-from __future__ import annotations
-
-import argparse
-
-from minivllm.entrypoints.bench import latency, serve, throughput
-
-COMMANDS = {"throughput": throughput, "latency": latency, "serve": serve}
-
-
-def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    """Add ``bench`` and its sub-commands to an argparse sub-parsers object; returns the ``bench`` parser."""
-    p = subparsers.add_parser("bench", help="benchmarks: offline throughput, latency, online serving",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve}")
-    for mod in COMMANDS.values():
-        mod.add_parser(sub)
-    p.set_defaults(func=run_bench, bench_parser=p)
-    return p
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    """Run the chosen benchmark; prints help and returns 2 when no sub-command was given."""
-    fn = getattr(args, "bench_func", None)
-    if fn is None:
-        args.bench_parser.print_help()
-        return 2
-    fn(args)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minivllm")
-    add_bench_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", *(argv if argv is not None else __import__("sys").argv[1:])])
-    return args.func(args)
-
-
-__all__ = ["add_bench_parser", "run_bench", "main", "COMMANDS"]

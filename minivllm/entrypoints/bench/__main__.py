@@ -2,6 +2,6 @@
 
 import sys
 
-from minivllm.entrypoints.bench import main
+from minivllm.entrypoints.bench.commands import main
 
 sys.exit(main())

@@ -1,4 +1,6 @@
-"""The OpenAI-compatible HTTP server: a FastAPI app on an AsyncLLM, run by uvicorn.
+"""The OpenAI-compatible HTTP server: a FastAPI app on an ``EngineClient`` (``engine/protocol.py``), run by
+uvicorn. ``run_server`` serves one engine (``AsyncLLM``); the Ray Serve front (``scale_out/serve``) builds the
+same app on its client of the engine replicas.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``,
@@ -24,7 +26,9 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minivllm import __version__
-from minivllm.engine.async_engine import AsyncLLM, EngineDeadError, EngineNotReadyError, EngineOverloadedError
+from minivllm.config.server import ServerConfig
+from minivllm.engine.async_engine import AsyncLLM
+from minivllm.engine.protocol import EngineClient, EngineDeadError, EngineNotReadyError, EngineOverloadedError
 from minivllm.engine.tokenizer import chat_template_args
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai.errors import APIError, error_json
@@ -32,7 +36,6 @@ from minivllm.entrypoints.openai.guards import RequestGuard, RequestIdHeader, gu
 from minivllm.entrypoints.openai.inputs import RequestLimits
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body
-from minivllm.entrypoints.openai.server_config import ServerConfig
 from minivllm.entrypoints.openai.serving import OpenAIServing
 from minivllm.entrypoints.openai.serving_base import ChatParsers
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
@@ -53,13 +56,14 @@ def _validation_error(exc: RequestValidationError):
     return error_json(APIError(400, msg or "invalid request", param=(where(errors[0]) or None) if errors else None))
 
 
-def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig | None = None,
+def build_app(async_llm: EngineClient, served_model_name: str, config: ServerConfig | None = None,
               metrics: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:
-    """The FastAPI app (``RequestGuard`` in front of its routes); its lifespan starts the engine loop and shuts
-    it down. ``metrics`` renders ``/metrics`` (default: this engine's)."""
+    """The FastAPI app (``RequestGuard`` in front of its routes); its lifespan starts the engine and shuts it
+    down. ``metrics`` renders ``/metrics`` (default: this engine's). ``app.state.loop`` is the event loop the app
+    runs on (set by the lifespan), for a signal handler to begin the engine's shutdown there."""
     config = config or ServerConfig()
     stats = PrometheusStatLogger(served_model_name)
-    async_llm.stat_loggers.append(stats)
+    async_llm.add_stat_logger(stats)
     limits = RequestLimits(config.max_n, config.max_logprobs, config.max_stop_strings, config.max_stop_string_chars,
                            config.trust_request_chat_template)
     serving = OpenAIServing(async_llm, served_model_name, limits, ChatParsers(
@@ -68,6 +72,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        app.state.loop = asyncio.get_running_loop()
         async_llm.start()
         watcher = asyncio.create_task(_watch_engine(app, async_llm))
         yield
@@ -76,7 +81,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
 
     app = FastAPI(title="minivllm", version=__version__, lifespan=lifespan, root_path=config.root_path or "")
     app.state.async_llm, app.state.stats, app.state.served_model_name = async_llm, stats, served_model_name
-    app.state.on_engine_failure = None
+    app.state.on_engine_failure, app.state.loop = None, None
 
     async def on_validation_error(request: Request, exc: RequestValidationError):
         return _validation_error(exc)
@@ -106,7 +111,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
     async def models():
         card = {"id": served_model_name, "object": "model", "created": created, "owned_by": "minivllm"}
         if async_llm.is_ready:
-            card["max_model_len"] = async_llm.max_model_len
+            card["max_model_len"] = async_llm.model_info().max_model_len
         return {"object": "list", "data": [card]}
 
     @app.get("/health")
@@ -138,7 +143,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
         else:
             ids = await text.encode(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         strs = text.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
-        return {"count": len(ids), "max_model_len": async_llm.max_model_len, "tokens": ids, "token_strs": strs}
+        return {"count": len(ids), "max_model_len": async_llm.model_info().max_model_len, "tokens": ids,
+                "token_strs": strs}
 
     @app.post("/detokenize", openapi_extra=body_schema(P.DetokenizeRequest))
     async def detokenize(raw: Request):
@@ -158,7 +164,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str, config: ServerConfig 
     @app.get("/tokenizer_info")
     async def tokenizer_info():
         async_llm.check_usable()
-        return tokenizer_info_of(async_llm.tokenizer, async_llm.max_model_len)
+        return tokenizer_info_of(async_llm.tokenizer, async_llm.model_info().max_model_len)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -181,7 +187,7 @@ def _env_api_keys() -> tuple[str, ...]:
     return read_envs().api_keys
 
 
-def _not_ready(async_llm: AsyncLLM) -> Exception:
+def _not_ready(async_llm: EngineClient) -> Exception:
     try:
         async_llm.check_usable()
     except Exception as exc:
@@ -189,13 +195,10 @@ def _not_ready(async_llm: AsyncLLM) -> Exception:
     return RuntimeError("not ready")  # pragma: no cover
 
 
-async def _watch_engine(app: FastAPI, async_llm: AsyncLLM) -> None:
+async def _watch_engine(app: FastAPI, async_llm: EngineClient) -> None:
     """Log when the engine is ready; when building or running it fails, ask the server to exit."""
     try:
         await async_llm.wait_ready()
-        engine = async_llm.engine
-        if hasattr(engine, "num_kvcache_blocks"):  # NOTE: an engine of its own (the Ray front's replicas post theirs)
-            app.state.stats.set_cache_config(engine.config.cache_config.kvcache_block_size, engine.num_kvcache_blocks)
         logger.info("engine ready: serving %s", app.state.served_model_name)
         error = await async_llm.wait_dead()
         logger.error("the engine failed: %r; the server exits", error)
@@ -205,31 +208,19 @@ async def _watch_engine(app: FastAPI, async_llm: AsyncLLM) -> None:
         app.state.on_engine_failure()
 
 
-def server_config(args) -> ServerConfig:
-    """The ServerConfig of parsed ``minivllm serve`` flags (the ones given; defaults for the rest)."""
-    return ServerConfig(**{k: v for k, v in vars(args).items() if k in ServerConfig.__dataclass_fields__
-                           and v is not None})
-
-
-def run_server(args) -> int:
-    """Serve until SIGINT/SIGTERM; returns the exit code (0 after a graceful shutdown, 1 if the engine failed)."""
+def run_server(model: str, engine_kwargs: dict, config: ServerConfig) -> int:
+    """Serve one engine until SIGINT/SIGTERM; returns the exit code (0 after a graceful shutdown, 1 if the engine
+    failed)."""
     import uvicorn
 
-    from minivllm.entrypoints.args import engine_kwargs
-
-    config = server_config(args)
-    if (args.data_parallel_size or 1) > 1 or config.autoscale_max_replicas is not None:
-        from minivllm.entrypoints.ray_serve.app import run_ray_server
-
-        return run_ray_server(args.model, engine_kwargs(args), config)
-    name = config.served_model_name or args.model
-    async_llm = AsyncLLM.from_model(args.model, max_num_waiting=config.max_num_waiting, **engine_kwargs(args))
+    name = config.served_model_name or model
+    async_llm = AsyncLLM.from_model(model, max_num_waiting=config.max_num_waiting, **engine_kwargs)
     app = build_app(async_llm, name, config)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # stop accepting, and end the streams in flight now
             super().handle_exit(sig, frame)
-            loop = async_llm._loop
+            loop = app.state.loop
             if loop is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(async_llm.begin_shutdown)
 

@@ -12,8 +12,8 @@ import json
 import uuid
 
 from minivllm.entrypoints.openai import responses as R
+from minivllm.entrypoints.openai.protocol import NamedToolChoice, ToolChoice
 from minivllm.entrypoints.openai.reasoning import REASONING_PARSERS
-from minivllm.entrypoints.openai.structured import NamedToolChoice, ToolChoice
 from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolCallDelta
 
 

@@ -6,7 +6,7 @@ import logging
 
 from fastapi.responses import JSONResponse
 
-from minivllm.engine.async_engine import EngineDeadError, EngineNotReadyError, EngineOverloadedError
+from minivllm.engine.protocol import EngineDeadError, EngineNotReadyError, EngineOverloadedError
 from minivllm.entrypoints.openai import protocol as P
 
 logger = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """Prometheus metrics of the server: engine load, token counters and request latency histograms, under vLLM's
 names (``vllm:num_requests_running``, ...) where vLLM has the metric, ``minivllm_*`` for the others.
 
-``PrometheusStatLogger`` is an ``AsyncLLM`` stat logger: the engine loop thread calls it after each
-step and on each abort (prometheus_client metrics are thread-safe). Each logger owns its own
+``PrometheusStatLogger`` is an engine client's stat logger (``engine/protocol.py``'s ``StatLogger``): the engine
+loop thread calls it after each step and on each abort (prometheus_client metrics are thread-safe). Each logger owns its own
 ``CollectorRegistry``, so several apps (tests) never share or clash on the global one.
 """
 
@@ -73,9 +73,10 @@ class PrometheusStatLogger:
         self._started: set[str] = set()
         self._last_token: dict[tuple[str, int], float] = {}
 
-    def set_cache_config(self, block_size: int, num_gpu_blocks: int) -> None:
-        """vLLM's ``vllm:cache_config_info`` (value 1, the settings as labels): routers that score prefix-cache
-        hits themselves, such as llm-d's endpoint picker, read the block size and count from it."""
+    def on_cache_config(self, block_size: int, num_gpu_blocks: int) -> None:
+        """vLLM's ``vllm:cache_config_info`` (value 1, the settings as labels), once the engine is ready: routers
+        that score prefix-cache hits themselves, such as llm-d's endpoint picker, read the block size and count
+        from it."""
         Gauge("vllm:cache_config_info", "The KV cache's settings (as labels).", ["model_name", "block_size",
               "num_gpu_blocks"], registry=self.registry).labels(self._model, str(block_size), str(num_gpu_blocks)).set(1)
 

@@ -1,16 +1,75 @@
-"""Pydantic models of the OpenAI-compatible API: requests (OpenAI fields plus vLLM's extras) and
-responses in OpenAI's exact shapes."""
+"""Pydantic models of the OpenAI-compatible API's requests: OpenAI fields plus vLLM's extras, output constraints
+and tools included (``structured.py`` turns those into a grammar; ``responses.py`` has the responses)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from minivllm.engine.tokenizer import chat_template_args
-from minivllm.entrypoints.openai.structured import ResponseFormat, StructuredOutputsRequest, Tool, ToolChoice
 from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
+
+# ---------------------------------------------------------------- output constraints and tools
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's named schema."""
+
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text``, ``json_object`` or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(BaseModel):
+    """vLLM's ``structured_outputs`` extra field."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = True
+
+
+class FunctionDefinition(BaseModel):
+    """A tool's function: its name, what it does, and the JSON schema of its arguments."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+# ------------------------------------------------------------------------------- requests
 
 
 class StreamOptions(BaseModel):

@@ -1,4 +1,4 @@
-"""The OpenAI handlers of the server: completions and chat completions on one AsyncLLM."""
+"""The OpenAI handlers of the server: completions and chat completions on one engine client."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """What the completion and chat handlers share: the served model, the tokenizer off the event loop, prompts
-as token ids, starting engine requests, usage, and logprobs in OpenAI's and vLLM's shapes."""
+as token ids, starting engine requests, usage, and logprobs in OpenAI's and vLLM's shapes. The engine is an
+``EngineClient`` (``engine/protocol.py``): one engine in this process, or the Ray Serve front's replicas."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from fastapi.responses import Response
 
-from minivllm.engine.async_engine import AsyncLLM, RequestStream
+from minivllm.engine.protocol import EngineClient, OutputStream
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai import responses as R
 from minivllm.entrypoints.openai.errors import APIError
@@ -49,9 +49,9 @@ class ChatParsers:
 
 
 class ServingBase:
-    """Serves requests on an AsyncLLM (once its engine is ready) under one model name."""
+    """Serves requests on an engine client (once its engine is ready) under one model name."""
 
-    def __init__(self, llm: AsyncLLM, model_name: str, limits: RequestLimits = RequestLimits(),
+    def __init__(self, llm: EngineClient, model_name: str, limits: RequestLimits = RequestLimits(),
                  parsers: ChatParsers = ChatParsers()):
         self.llm, self.model_name, self.limits, self.parsers = llm, model_name, limits, parsers
         self._tokenization: Tokenization | None = None
@@ -61,7 +61,7 @@ class ServingBase:
         """The engine's tokenizer, used off the event loop (made when the engine is ready)."""
         if self._tokenization is None:
             self.llm.check_usable()
-            self._tokenization = Tokenization(self.llm.tokenizer, self.llm.max_model_len)
+            self._tokenization = Tokenization(self.llm.tokenizer, self.llm.model_info().max_model_len)
         return self._tokenization
 
     def check_model(self, model: str | None) -> None:
@@ -80,27 +80,25 @@ class ServingBase:
             prompt = await self.tokenization.encode(prompt, field, check_length=truncate is None)
         if truncate is not None:
             prompt = prompt[-truncate:]
-        if len(prompt) >= self.llm.max_model_len:
+        max_model_len = self.llm.model_info().max_model_len
+        if len(prompt) >= max_model_len:
             raise APIError(400, f"the prompt has {len(prompt)} tokens, but max_model_len is "
-                                f"{self.llm.max_model_len}: it must be shorter", param=field)
+                                f"{max_model_len}: it must be shorter", param=field)
         return prompt
 
     async def prepare_grammar(self, so: StructuredOutputsParams | None, field: str | None) -> None:
-        """Compile the request's grammar on a worker thread (cached by constraint), so the engine finds it ready;
-        a 400 naming ``field`` when the schema, regex or grammar is invalid."""
+        """Have the engine compile the request's grammar off the event loop (cached by constraint), so it finds it
+        ready; a 400 naming ``field`` when the schema, regex or grammar is invalid."""
         if so is None:
             return
-        structured = self.llm.engine.structured
-        if structured is None:
-            raise APIError(400, "structured outputs need a tokenizer, and this model has none", param=field)
         try:
-            await asyncio.to_thread(structured.prepare, so)
+            await self.llm.compile_grammar(so)
         except ValueError as exc:
             raise APIError(400, str(exc).replace("structured_outputs", field, 1), param=field) from None
 
-    async def start(self, prompts: list, params, base_id: str) -> list[RequestStream]:
+    async def start(self, prompts: list, params, base_id: str) -> list[OutputStream]:
         """One engine request per prompt (``{base_id}-{i}``); all aborted if one cannot start."""
-        streams: list[RequestStream] = []
+        streams: list[OutputStream] = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(await self.llm.add_request(prompt, params, f"{base_id}-{i}"))

@@ -46,7 +46,7 @@ class ChatServing(ServingBase):
             ids = ids[-req.truncate_prompt_tokens:]
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
-            max_tokens = max(1, self.llm.max_model_len - len(ids))
+            max_tokens = max(1, self.llm.model_info().max_model_len - len(ids))
         params = req.to_sampling_params(max_tokens, k, structured_outputs=so)
         await self.prepare_grammar(so, field)
         # NOTE: echo repeats the last message when it is the assistant's (the role that is generated), as vLLM

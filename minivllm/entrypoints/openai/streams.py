@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from minivllm.engine.async_engine import RequestStream
+from minivllm.engine.protocol import OutputStream
 from minivllm.entrypoints.openai import responses as R
 from minivllm.entrypoints.openai.errors import error_response
 from minivllm.outputs import CompletionOutput, RequestOutput
@@ -31,7 +31,7 @@ def delta_with_rest(c: CompletionOutput, streamed: int) -> str:
     return c.delta_text
 
 
-async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merge(streams: list[OutputStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleave several request streams as ``(stream_index, output)``."""
     if len(streams) == 1:
         async for out in streams[0]:
@@ -39,7 +39,7 @@ async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reques
         return
     q: asyncio.Queue = asyncio.Queue()
 
-    async def pump(i: int, s: RequestStream) -> None:
+    async def pump(i: int, s: OutputStream) -> None:
         try:
             async for out in s:
                 q.put_nowait((i, out))
@@ -66,7 +66,7 @@ async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reques
             s.abort()
 
 
-async def collect(streams: list[RequestStream], raw: Request) -> list[RequestOutput]:
+async def collect(streams: list[OutputStream], raw: Request) -> list[RequestOutput]:
     """The final output of each stream; aborts them all if the client goes away first."""
     async def watch() -> None:
         while (await raw.receive())["type"] != "http.disconnect":
@@ -86,7 +86,7 @@ async def collect(streams: list[RequestStream], raw: Request) -> list[RequestOut
     return finals
 
 
-async def stream_outputs(streams: list[RequestStream], usage: R.UsageInfo):
+async def stream_outputs(streams: list[OutputStream], usage: R.UsageInfo):
     """Yield ``(prompt_index, output, completion)`` for each completion still running, tallying the completion
     tokens and the prefix-cache hits into ``usage`` (whose ``prompt_tokens`` the caller sets)."""
     done: set[tuple[int, int]] = set()

@@ -1,5 +1,6 @@
 """Structured outputs and tools in requests: OpenAI's ``response_format``, vLLM's ``structured_outputs``, and
-``tools`` / ``tool_choice`` turned into the one grammar a request's output must follow.
+``tools`` / ``tool_choice`` (their models are ``protocol``'s) turned into the one grammar a request's output must
+follow.
 
 ``tool_choice: "required"`` and a named function are enforced by a JSON schema, as in vLLM: a named function's
 output is its arguments object; ``required`` gives a JSON array of ``{"name", "parameters"}`` calls. Either way
@@ -8,67 +9,18 @@ the arguments always parse and validate against the tool's parameters.
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from minivllm.entrypoints.openai.errors import APIError
+from minivllm.entrypoints.openai.protocol import (
+    FunctionDefinition,
+    NamedToolChoice,
+    ResponseFormat,
+    StructuredOutputsRequest,
+    Tool,
+    ToolChoice,
+)
 from minivllm.structured_outputs_params import StructuredOutputsParams
-
-
-class JsonSchemaFormat(BaseModel):
-    """``response_format.json_schema``: OpenAI's named schema."""
-
-    name: str = "response"
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """OpenAI's ``response_format``: ``text``, ``json_object`` or ``json_schema``."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-class StructuredOutputsRequest(BaseModel):
-    """vLLM's ``structured_outputs`` extra field."""
-
-    model_config = ConfigDict(extra="forbid")
-    json_: dict[str, Any] | str | None = Field(None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    disable_any_whitespace: bool = True
-
-
-class FunctionDefinition(BaseModel):
-    """A tool's function: its name, what it does, and the JSON schema of its arguments."""
-
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class Tool(BaseModel):
-    type: Literal["function"] = "function"
-    function: FunctionDefinition
-
-
-class NamedFunction(BaseModel):
-    name: str
-
-
-class NamedToolChoice(BaseModel):
-    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
-
-    type: Literal["function"] = "function"
-    function: NamedFunction
-
-
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 def _params_schema(fn: FunctionDefinition) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import signal
 import threading
 
 from minivllm.config import Config
-from minivllm.entrypoints.openai.server_config import ServerConfig
+from minivllm.config.server import ServerConfig
 
 logger = logging.getLogger("minivllm.server")
 
@@ -31,10 +31,10 @@ def build_serve_app(model: str, engine_kwargs: dict, server: ServerConfig):
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    from minivllm.entrypoints.ray_serve.front import OpenAIFront
-    from minivllm.entrypoints.ray_serve.metrics import MetricsBoard
-    from minivllm.entrypoints.ray_serve.replica import EngineReplica
-    from minivllm.entrypoints.ray_serve.router import PrefixAwareRouter
+    from minivllm.scale_out.serve.front import OpenAIFront
+    from minivllm.scale_out.serve.metrics import MetricsBoard
+    from minivllm.scale_out.serve.replica import EngineReplica
+    from minivllm.scale_out.serve.router import PrefixAwareRouter
 
     config = Config.create(model, **engine_kwargs)  # ValueError naming the field
     pc, sc = config.parallel_config, config.scheduler_config
@@ -77,7 +77,8 @@ def build_serve_app(model: str, engine_kwargs: dict, server: ServerConfig):
 
 
 def builder_argv(args: dict) -> list[str]:
-    """``minivllm serve`` argv of a builder's ``args``: ``model`` and flags by field name, typed or strings."""
+    """The ``minivllm serve`` arguments (what follows ``serve``) of a builder's ``args``: ``model`` and flags by
+    field name, typed or strings."""
     args = dict(args)
     if "model" not in args:
         raise ValueError("app_builder needs `model`, the checkpoint folder")
@@ -85,7 +86,7 @@ def builder_argv(args: dict) -> list[str]:
 
     off_by_default = {name: meta["default"] for _, name, typ, meta in engine_flags() + flags_of(ServerConfig)
                       if typ is None}
-    argv = ["serve", str(args.pop("model"))]
+    argv = [str(args.pop("model"))]
     for name, value in args.items():
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool) or str(value).lower() in ("true", "false"):
@@ -99,18 +100,16 @@ def builder_argv(args: dict) -> list[str]:
 
 
 def app_builder(args: dict):
-    """A Serve application builder (``import_path: minivllm.entrypoints.ray_serve.app:app_builder``): ``args``
+    """A Serve application builder (``import_path: minivllm.scale_out.serve.app:app_builder``): ``args``
     holds ``model`` and any ``minivllm serve`` flag by field name (``data_parallel_size: 2``), typed (a config
     file) or as strings (``serve run ... data_parallel_size=2``); ValueError for an unknown or bad one."""
-    from minivllm.entrypoints.args import engine_kwargs
-    from minivllm.entrypoints.cli import build_parser
-    from minivllm.entrypoints.openai.api_server import server_config
+    from minivllm.entrypoints.args import engine_kwargs, serve_parser
 
     try:
-        ns = build_parser().parse_args(builder_argv(args))
+        ns = serve_parser().parse_args(builder_argv(args))
     except SystemExit:  # NOTE: argparse printed which argument, to stderr
         raise ValueError(f"app_builder: bad arguments {sorted(args)} (see the message above)") from None
-    return build_serve_app(ns.model, engine_kwargs(ns), server_config(ns))
+    return build_serve_app(ns.model, engine_kwargs(ns), ServerConfig.from_args(ns))
 
 
 def run_ray_server(model: str, engine_kwargs: dict, server: ServerConfig) -> int:

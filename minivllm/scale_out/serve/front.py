@@ -8,10 +8,10 @@ replica's metrics, labelled ``replica``, and its own.
 from __future__ import annotations
 
 from minivllm.config.engine import StructuredOutputsConfig
+from minivllm.config.server import ServerConfig
 from minivllm.entrypoints.openai.api_server import build_app
-from minivllm.entrypoints.openai.server_config import ServerConfig
-from minivllm.entrypoints.ray_serve.engine_client import ReplicaEngineClient
-from minivllm.entrypoints.ray_serve.metrics import FrontMetrics
+from minivllm.scale_out.serve.engine_client import ReplicaEngineClient
+from minivllm.scale_out.serve.metrics import FrontMetrics
 
 
 class OpenAIFront:

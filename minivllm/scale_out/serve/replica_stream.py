@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from minivllm.engine.async_engine import EngineDeadError
-from minivllm.entrypoints.ray_serve.replica import ReplicaRequest
+from minivllm.engine.protocol import EngineDeadError
 from minivllm.outputs import RequestOutput
+from minivllm.scale_out.serve.replica import ReplicaRequest
 
 _FINAL_GRACE_S = 5.0  # how long a final output may trail its request's call (they travel on different streams)
 

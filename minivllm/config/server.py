@@ -1,9 +1,12 @@
 """The server's own settings (the engine's are ``Config``'s): where it listens, who may call it, how much one
-request may ask for, and how long a client may take to send one. Each field is a ``minivllm serve`` flag."""
+request may ask for, and how long a client may take to send one. Each field is a ``minivllm serve`` flag.
+
+Plain data like the rest of ``config``: importing it needs neither fastapi nor Ray."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+from dataclasses import dataclass, field, fields
 
 from minivllm.config.fields import arg, at_least, check_types
 
@@ -48,6 +51,13 @@ class ServerConfig:
                                                    "down to N when idle)")
     autoscale_target_ongoing_requests: int = arg(32, "requests in flight per replica that autoscaling aims at "
                                                      "(running and waiting)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
+        """The ServerConfig of parsed ``minivllm serve`` flags: the ones given, defaults for the rest (ValueError
+        naming a bad one)."""
+        given = vars(args)
+        return cls(**{f.name: given[f.name] for f in fields(cls) if given.get(f.name) is not None})
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -6,7 +6,7 @@ the request (so bad parameters and a full queue fail the call before anything st
 the request ends: Serve counts it as one request in flight (least-loaded routing, autoscaling), and the front
 cancels it to abort the request. The outputs themselves travel on the front's channel (``outputs``, one per
 front and replica), batched per engine step (``outbox.py``). Every ``metrics_interval_s`` the replica posts its
-Prometheus metrics to the :class:`~minivllm.entrypoints.ray_serve.metrics.MetricsBoard`, under its replica id.
+Prometheus metrics to the :class:`~minivllm.scale_out.serve.metrics.MetricsBoard`, under its replica id.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from minivllm.engine.async_engine import EngineDeadError
+from minivllm.engine.protocol import EngineDeadError, ModelInfo
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
-from minivllm.entrypoints.ray_serve.outbox import ChannelLLM, Outbox, RequestFailed
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.scale_out.serve.outbox import ChannelLLM, Outbox, RequestFailed
 
 
 @dataclass(frozen=True)
@@ -39,16 +39,6 @@ class Channel:
     front_id: str
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the front needs of the served model: it tokenizes and checks lengths itself."""
-
-    max_model_len: int
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    kvcache_block_size: int
-
-
 class EngineReplica:
     """An engine (with its tensor-parallel workers) serving ``generate`` streams; Serve runs one per replica."""
 
@@ -63,8 +53,6 @@ class EngineReplica:
                                        **engine_kwargs)
         self.llm.start()
         await self.llm.wait_ready()  # NOTE: Serve routes to a replica once its constructor returned
-        engine = self.llm.engine
-        self.stats.set_cache_config(engine.config.cache_config.kvcache_block_size, engine.num_kvcache_blocks)
         self._board, self._interval = board, metrics_interval_s
         self._poster = asyncio.create_task(self._post_metrics()) if board is not None else None
 
@@ -99,11 +87,8 @@ class EngineReplica:
             self.llm.drop_front(channel.front_id)
 
     def model_info(self) -> ModelInfo:
-        """The served model's lengths and special tokens."""
-        engine = self.llm.engine
-        mc = engine.config.model_config
-        return ModelInfo(mc.max_model_len, mc.arch.vocab_size, tuple(engine.eos_token_ids),
-                         engine.config.cache_config.kvcache_block_size)
+        """The served model's lengths, special tokens and KV cache."""
+        return self.llm.model_info()
 
     def metrics(self) -> tuple[str, bytes]:
         """``(replica id, this replica's metrics in the Prometheus text format)``."""

@@ -1,8 +1,8 @@
-"""The OpenAI front's engine: ``AsyncLLM``'s interface over the engine replicas' deployment handle.
+"""The OpenAI front's engine: an ``EngineClient`` (``engine/protocol.py``) over the engine replicas' deployment handle.
 
 The server's handlers (``entrypoints/openai``) run unchanged on it: they tokenize with the front's own tokenizer,
-compile grammars with its own manager (to answer an invalid schema with a 400 before any replica sees it), and
-``add_request`` makes a ``generate`` call that Serve's router sends to one replica. The request's outputs come
+compile grammars with its own manager (``compile_grammar``: an invalid schema gets its 400 before any replica
+sees it), and ``add_request`` makes a ``generate`` call that Serve's router sends to one replica. The request's outputs come
 back on this front's channel to that replica (one streaming ``outputs`` call per replica, batched per step), and
 are handed to the request's stream here.
 
@@ -16,35 +16,29 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from minivllm.engine.async_engine import EngineDeadError, EngineNotReadyError
-from minivllm.entrypoints.ray_serve.outbox import RequestFailed
-from minivllm.entrypoints.ray_serve.replica import Channel, ModelInfo, ReplicaRequest
-from minivllm.entrypoints.ray_serve.replica_stream import ReplicaDiedError, ReplicaStream, unwrap
+from minivllm.engine.protocol import EngineDeadError, EngineNotReadyError, ModelInfo, StatLogger
 from minivllm.sampling_params import SamplingParams
+from minivllm.scale_out.serve.outbox import RequestFailed
+from minivllm.scale_out.serve.replica import Channel, ReplicaRequest
+from minivllm.scale_out.serve.replica_stream import ReplicaDiedError, ReplicaStream, unwrap
+from minivllm.structured_outputs_params import StructuredOutputsParams
 
 _CHANNEL_OPEN_S = 60.0  # a channel that does not open by then: its replica is gone
 
 
-class _Grammars:
-    """``engine.structured`` for the handlers: the front's grammar compiler (``prepare`` only)."""
-
-    def __init__(self, structured):
-        self.structured = structured
-
-
 class ReplicaEngineClient:
-    """``AsyncLLM``'s serving interface over a handle to the ``EngineReplica`` deployment."""
+    """The ``EngineClient`` of the front: requests go to a handle to the ``EngineReplica`` deployment."""
 
     def __init__(self, engines, model: str, structured_outputs_config=None, on_retry=lambda: None):
         self.engines, self.model = engines, model
         self.front_id = uuid.uuid4().hex
-        self.stat_loggers: list = []  # NOTE: the replicas keep the engine metrics; the front merges them
+        self.stat_loggers: list[StatLogger] = []  # NOTE: never called: the replicas post their engine's metrics
         self._streams: dict[str, ReplicaStream] = {}
         self._channels: dict[str, asyncio.Task] = {}
         self._so_config, self.on_retry = structured_outputs_config, on_retry
         self._init: asyncio.Task | None = None
         self._stopping = False
-        self._tokenizer, self._info, self._engine = None, None, None
+        self._tokenizer, self._info, self._structured = None, None, None
         self._dead = asyncio.Event()
 
     def start(self) -> None:
@@ -65,7 +59,7 @@ class ReplicaEngineClient:
         tokenizer = await asyncio.to_thread(load_tokenizer, self.model)
         structured = None if tokenizer is None else StructuredOutputManager(
             tokenizer, info.vocab_size, list(info.eos_token_ids), self._so_config)
-        self._tokenizer, self._info, self._engine = tokenizer, info, _Grammars(structured)
+        self._tokenizer, self._info, self._structured = tokenizer, info, structured
 
     @property
     def error(self) -> BaseException | None:
@@ -73,10 +67,6 @@ class ReplicaEngineClient:
         if self._init is None or not self._init.done() or self._init.cancelled():
             return None
         return self._init.exception()
-
-    @property
-    def engine(self):
-        return self._engine
 
     @property
     def is_ready(self) -> bool:
@@ -98,9 +88,26 @@ class ReplicaEngineClient:
     def tokenizer(self):
         return self._tokenizer
 
-    @property
-    def max_model_len(self) -> int:
-        return self._info.max_model_len
+    def model_info(self) -> ModelInfo:
+        """The replicas' model (asked of one replica when the front loaded)."""
+        if self._info is None:
+            self.check_usable()
+        return self._info
+
+    def add_stat_logger(self, stat_logger: StatLogger) -> None:
+        """Kept, never called: each replica's engine reports to its own stat logger, and the front merges their
+        metrics (``metrics.py``)."""
+        self.stat_loggers.append(stat_logger)
+
+    async def compile_grammar(self, params: StructuredOutputsParams) -> None:
+        """Compile the grammar with the front's own compiler, on a worker thread: an invalid one gets its
+        ValueError here, before any replica sees the request (each replica compiles it too, once per
+        constraint: a grammar does not travel between processes)."""
+        if self._info is None:
+            self.check_usable()
+        if self._structured is None:
+            raise ValueError("structured outputs need a tokenizer, and this model has none")
+        await asyncio.to_thread(self._structured.prepare, params)
 
     def check_usable(self) -> None:
         """EngineNotReadyError / EngineDeadError unless requests can be sent now."""
@@ -127,6 +134,12 @@ class ReplicaEngineClient:
             self.forget(request_id)
             raise
         return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request: its call is cancelled, and the replica aborts it (unknown ids are ignored)."""
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.abort()
 
     def forget(self, request_id: str) -> None:
         """Stop delivering a request's outputs (it finished, failed or was aborted)."""
@@ -178,5 +191,5 @@ class ReplicaEngineClient:
         self._dead.set()
         for task in list(self._channels.values()):
             task.cancel()
-        if self._engine is not None and self._engine.structured is not None:
-            self._engine.structured.close()
+        if self._structured is not None:
+            self._structured.close()

@@ -17,8 +17,8 @@ import random
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
-from minivllm.entrypoints.ray_serve.prefix_index import PrefixIndex, block_hashes
-from minivllm.entrypoints.ray_serve.replica import Channel, ReplicaRequest
+from minivllm.scale_out.serve.prefix_index import PrefixIndex, block_hashes
+from minivllm.scale_out.serve.replica import Channel, ReplicaRequest
 
 
 def _request_of(pending: PendingRequest | None) -> ReplicaRequest | None:
