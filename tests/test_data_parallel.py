@@ -50,7 +50,7 @@ def test_two_replicas_give_one_engines_outputs_in_order():
         want = one.generate(PROMPTS, GREEDY, use_tqdm=False)
         want_chat = one.chat(conversations, GREEDY, use_tqdm=False)
     with LLM(DEMO, data_parallel_size=2, **KW) as llm:
-        assert type(llm).__name__ == "DataParallelLLM"
+        assert isinstance(llm, LLM) and type(llm.engine).__name__ == "DataParallelEngine"
         got = llm.generate(PROMPTS, GREEDY)
         got_chat = llm.chat(conversations, GREEDY)
         assert llm.generate(PROMPTS[0], GREEDY)[0]["token_ids"] == want[0]["token_ids"]  # one prompt: one replica

@@ -20,17 +20,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "minivllm"
 
-#: Cycles known today, each being fixed on another branch; a cycle listed here is an expected failure (the test of
-#: it is a strict xfail: once it is gone, that test fails until it leaves this list). Any OTHER cycle fails.
-KNOWN_CYCLES = [
-    # the worker's step restructuring: the executors, the runner, its step handle and the tensor-parallel worker
-    # import each other
-    frozenset({"minivllm.worker.executor", "minivllm.worker.model_runner", "minivllm.worker.step_handle",
-               "minivllm.worker.tp_executor", "minivllm.worker.tp_worker"}),
-    # "LLM composes an engine": LLM(data_parallel_size=N) builds a DataParallelLLM, whose replicas build LLMs
-    frozenset({"minivllm.llm", "minivllm.scale_out.data_parallel"}),
-]
-
 #: modules that are scripts, not imported: importing ``bench/__main__`` would run the benchmark CLI
 NOT_IMPORTED = {"minivllm.entrypoints.bench.__main__"}
 
@@ -147,17 +136,8 @@ def test_a_cycle_is_found_with_its_modules():
 def test_no_import_cycles():
     """Every strongly connected component of the import graph is a single module, but the known ones."""
     graph = import_graph()
-    unexpected = [c for c in cycles(graph) if c not in KNOWN_CYCLES]
-    assert not unexpected, "import cycles:\n" + "\n".join(_describe(c, graph) for c in unexpected)
-
-
-@pytest.mark.parametrize("cycle", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="being fixed on "
-                                                                           "another branch"), id=min(c))
-                                   for c in KNOWN_CYCLES])
-def test_known_cycle_is_gone(cycle):
-    """Fails while the cycle is there (expected); passes, and so fails as a strict xfail, once it is gone: then
-    remove it from KNOWN_CYCLES."""
-    assert cycle not in cycles(import_graph())
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(_describe(c, graph) for c in found)
 
 
 # Each module is imported by a fork of one process that has loaded the third-party modules the package imports at

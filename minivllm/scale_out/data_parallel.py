@@ -1,19 +1,20 @@
 """Data parallelism offline: ``LLM(model, data_parallel_size=N)`` runs N engine replicas as Ray actors.
 
-Each replica is a whole ``LLM`` (its own scheduler, KV cache and, at ``tensor_parallel_size`` > 1, its own
-tensor-parallel workers) on ``gpus_per_replica`` GPUs (default ``tensor_parallel_size``; a fraction shares one); Ray places the actors and gives each its
-GPUs. ``generate`` and ``chat`` cut the prompts into N contiguous shards of near-equal size, run the shards at
-once, and return the outputs in prompt order. A replica that dies is restarted by Ray, and its shard runs once
-more on another replica. Ray is the cluster manager: with no Ray runtime in the process,
-one is started here (a local one) and shut down by :meth:`DataParallelLLM.close`; with one (``ray.init``
-called before, e.g. to join a cluster), the replicas run on it and it is left running.
+``LLM`` composes a ``DataParallelEngine`` instead of one ``LLMEngine``. Each replica is a whole ``LLMEngine``
+(its own scheduler, KV cache and, at ``tensor_parallel_size`` > 1, its own tensor-parallel workers) on
+``gpus_per_replica`` GPUs (default ``tensor_parallel_size``; a fraction shares one); Ray places the actors and
+gives each its GPUs. ``run_batch`` cuts the prompts into N contiguous shards of near-equal size, runs the shards
+at once, and returns the outputs in prompt order. A replica that dies is restarted by Ray, and its shard runs
+once more on another replica. Ray is the cluster manager: with no Ray runtime in the process, one is started
+here (a local one) and shut down by :meth:`DataParallelEngine.close`; with one (``ray.init`` called before,
+e.g. to join a cluster), the replicas run on it and it is left running.
 """
 
 from __future__ import annotations
 
 import weakref
 
-from minivllm.engine.generate import batch_of_conversations, batch_of_prompts
+from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 
@@ -29,21 +30,18 @@ class _Replica:
     """One engine replica inside a Ray actor."""
 
     def __init__(self, model: str, kwargs: dict):
-        from minivllm.llm import LLM
+        from minivllm.engine.llm_engine import LLMEngine
 
-        self.llm = LLM(model, **kwargs)
+        self.engine = LLMEngine(model, **kwargs)
 
     def ready(self) -> int:
-        return self.llm.num_kvcache_blocks
+        return self.engine.num_kvcache_blocks
 
-    def generate(self, prompts: list, params: list[SamplingParams]) -> list[dict]:
-        return self.llm.generate(prompts, params, use_tqdm=False)
-
-    def chat(self, conversations: list, params: list[SamplingParams], kwargs: dict) -> list[dict]:
-        return self.llm.chat(conversations, params, use_tqdm=False, **kwargs)
+    def run_batch(self, prompts: list, params: list[SamplingParams]) -> list[RequestOutput]:
+        return self.engine.run_batch(prompts, params, use_tqdm=False)
 
     def close(self) -> None:
-        self.llm.close()
+        self.engine.close()
 
 
 def shard_bounds(n_items: int, n_shards: int) -> list[tuple[int, int]]:
@@ -60,13 +58,16 @@ def shard_bounds(n_items: int, n_shards: int) -> list[tuple[int, int]]:
 _MAX_RESTARTS = 3  # a replica that dies is restarted by Ray (its engine built again), this many times at most
 
 
-class DataParallelLLM:
-    """``data_parallel_size`` replicas of ``LLM(model, **kwargs)`` behind one ``generate`` / ``chat``."""
+class DataParallelEngine:
+    """``data_parallel_size`` replicas of ``LLMEngine(model, **kwargs)`` behind one ``run_batch``; ``tokenizer``
+    is the model's (loaded here too, for ``LLM.chat``)."""
 
     def __init__(self, model: str, data_parallel_size: int, **kwargs):
         from minivllm.config import Config
+        from minivllm.engine.tokenizer import load_tokenizer
 
         config = Config.create(model, data_parallel_size=data_parallel_size, **kwargs)  # ValueError on bad input
+        self.config = config
         ray = _import_ray()
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -90,6 +91,7 @@ class DataParallelLLM:
             self.close()
             raise
         self.num_kvcache_blocks = blocks[0]
+        self.tokenizer = load_tokenizer(model)
 
     def _get(self, refs):
         ray = _import_ray()
@@ -98,9 +100,12 @@ class DataParallelLLM:
         except ray.exceptions.RayTaskError as e:  # NOTE: the replica's own exception (a ValueError naming the field)
             raise e.as_instanceof_cause() from None
 
-    def _run(self, method: str, items: list, params: list[SamplingParams], *extra) -> list[dict]:
-        shards = [(lo, hi) for lo, hi in shard_bounds(len(items), len(self._replicas)) if hi > lo]
-        call = lambda i, lo, hi: getattr(self._replicas[i], method).remote(items[lo:hi], params[lo:hi], *extra)
+    def run_batch(self, prompts: list, params: list[SamplingParams], use_tqdm: bool = False) -> list[RequestOutput]:
+        """``LLMEngine.run_batch`` over the replicas: the same outputs, in prompt order (``use_tqdm`` is ignored)."""
+        if len(prompts) != len(params):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        shards = [(lo, hi) for lo, hi in shard_bounds(len(prompts), len(self._replicas)) if hi > lo]
+        call = lambda i, lo, hi: self._replicas[i].run_batch.remote(prompts[lo:hi], params[lo:hi])
         refs = [call(i, lo, hi) for i, (lo, hi) in enumerate(shards)]
         outs = []
         for i, ((lo, hi), ref) in enumerate(zip(shards, refs)):
@@ -115,18 +120,6 @@ class DataParallelLLM:
                     raise RuntimeError(f"prompts {lo}-{hi - 1}: their replica died, and so did the one that "
                                        f"retried them") from e
         return outs
-
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[dict]:
-        """``LLM.generate`` over the replicas: the same outputs, in prompt order (``use_tqdm`` is ignored)."""
-        return self._run("generate", *batch_of_prompts(prompts, sampling_params))
-
-    def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False,
-             **kwargs) -> list[dict]:
-        """``LLM.chat`` over the replicas, conversations in order (``use_tqdm`` is ignored)."""
-        conversations = batch_of_conversations(messages)
-        return self._run("chat", *batch_of_prompts(conversations, sampling_params), kwargs)
 
     def close(self) -> None:
         """Stop the replicas (and the Ray runtime this object started)."""
