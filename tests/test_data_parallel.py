@@ -115,9 +115,9 @@ def test_a_killed_replica_is_retried_elsewhere_and_restarted():
         worker.start()
         time.sleep(2.0)  # both replicas are generating
         assert worker.is_alive()
-        ray.kill(llm._replicas[0], no_restart=False)
+        ray.kill(llm.engine._replicas[0], no_restart=False)
         worker.join(timeout=120)
         assert not worker.is_alive() and [o["token_ids"] for o in got["out"]] == [w["token_ids"] for w in want]
-        assert ray.get(llm._replicas[0].ready.remote(), timeout=120) > 0  # restarted
+        assert ray.get(llm.engine._replicas[0].ready.remote(), timeout=120) > 0  # restarted
         assert [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY)] == [w["token_ids"] for w in want_short]
     assert ray_processes() == 0

@@ -23,8 +23,8 @@ def demo():
 
 @pytest.mark.slow
 def test_demo_model_defaults_to_float32_on_cpu_and_equals_transformers(demo):
-    assert demo.config.model_config.arch.dtype == "bfloat16"  # the checkpoint's
-    assert demo.config.model_config.dtype == "float32"  # the CPU's default
+    assert demo.engine.config.model_config.arch.dtype == "bfloat16"  # the checkpoint's
+    assert demo.engine.config.model_config.dtype == "float32"  # the CPU's default
     assert next(demo.engine.executor.runner.model.parameters()).dtype == torch.float32
     outs = [o["token_ids"] for o in demo.generate(PROMPTS, GREEDY, use_tqdm=False)]
     matches, bad = compare_with_transformers(DEMO, outs, "cpu", torch.float32)

@@ -52,7 +52,7 @@ def test_greedy_completion_stream_equals_nonstream_equals_offline(server, offlin
     assert full.choices[0].text == text == ref["text"]
     assert full.object == "text_completion" and full.id.startswith("cmpl-")
     assert full.choices[0].finish_reason == ref["finish_reason"] == [c for c in chunks if c.choices][-1].choices[0].finish_reason
-    n_prompt = len(offline.tokenizer.encode("def f(x):"))
+    n_prompt = len(offline.get_tokenizer().encode("def f(x):"))
     assert (full.usage.prompt_tokens, full.usage.completion_tokens) == (n_prompt, len(ref["token_ids"]))
     assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
     echo = server.client.completions.create(**kw, echo=True)
@@ -66,7 +66,7 @@ def test_greedy_chat_stream_equals_nonstream_equals_offline(server, offline):
     kw = dict(model=NAME, messages=messages, max_tokens=10, temperature=0)
     full = server.client.chat.completions.create(**kw)
     chunks = list(server.client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
-    tok = offline.tokenizer
+    tok = offline.get_tokenizer()
     ids = tok.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
                      add_special_tokens=False)
     ref = offline.generate(ids, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[0]
