@@ -144,9 +144,11 @@ def _fp8_gemm_kernel(
 
 
 # (max M, (BLOCK_M, BLOCK_N, BLOCK_K, SWIZZLE_M, NUM_STAGES, num_warps)), the first bucket that holds M: the
-# fastest of 16 configurations at Qwen3-8B's four linear shapes on an H100 (CUDA graphs, weights from HBM).
-# NOTE: up to 32 rows the dot runs on mma.sync (float32 sums); from 64-row tiles on wgmma, whose FP8 sums lose
-# ~4e-4 of the largest output at K = 4096 (cuBLASLt's FP8 GEMM ~3e-4). 128-row tiles (8 warps) were 0-30% slower.
+# fastest of 16 configurations at Qwen3-8B's four linear shapes on an H100 (CUDA graphs, weights from HBM);
+# re-tune with ``PYTHONPATH=. python benchmarks/kernels/fp8_gemm.py --configs 64x128x128x8x3x4 ...``.
+# Up to 32 rows the dot runs on mma.sync (float32 sums); from 64-row tiles on wgmma, whose FP8 sums are less
+# exact, about as much as cuBLASLt's own FP8 GEMM (tests/gpu/test_fp8_block_gemm_gpu.py bounds the error).
+# 128-row tiles (8 warps) were slower (docs/performance-notes.md).
 CONFIGS = (
     (16, (16, 64, 128, 8, 4, 4)),
     (32, (32, 64, 128, 8, 4, 4)),

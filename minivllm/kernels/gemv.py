@@ -1,13 +1,14 @@
 """``x @ w.T (+ bias)`` for a few rows of ``x`` (decoding up to a few hundred sequences), in Triton.
 
-Below ~200 rows a linear layer on an H100/H200 is a stream over its weight matrix (each weight
-element meets fewer rows than the GPU's FLOP-to-byte ratio), and its speed is the fraction of HBM
-bandwidth it reaches. cuBLAS's small-M kernels reach 50-75% on the 17-100 MB matrices of a
-tensor-parallel 8B decode step (profiled on an H200) and some add a split-K reduce
-kernel. This kernel gives each program ``BLOCK_N`` output columns and all the rows (up to
-``BLOCK_M``, the rows rounded up to a power of two), streams their weight rows through a
-``NUM_STAGES``-deep pipeline of ``[BLOCK_N, BLOCK_K]`` tiles into ``tl.dot`` and writes the result
-directly: one kernel per linear layer. One row takes a variant without MMA (``_gemv_fma_kernel``).
+With few rows a linear layer is a stream over its weight matrix (each weight element meets fewer
+rows than the GPU's FLOP-to-byte ratio), and its speed is the fraction of HBM bandwidth it reaches.
+cuBLAS's small-M kernels leave part of that bandwidth unused on the weights of a tensor-parallel 8B
+decode step, and some add a split-K reduce kernel (docs/performance-notes.md; ``PYTHONPATH=. python
+benchmarks/kernels/gemv.py --rows 1 16`` prints both kernels' TB/s). This kernel gives each program
+``BLOCK_N`` output columns and all the rows (up to ``BLOCK_M``, the rows rounded up to a power of two),
+streams their weight rows through a ``NUM_STAGES``-deep pipeline of ``[BLOCK_N, BLOCK_K]`` tiles into
+``tl.dot`` and writes the result directly: one kernel per linear layer. One row takes a variant without
+MMA (``_gemv_fma_kernel``).
 """
 
 from __future__ import annotations

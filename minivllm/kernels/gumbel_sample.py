@@ -5,8 +5,9 @@ distribution as the sampler's exponential race (``argmax(p / E)`` with ``E ~ Exp
 ``argmax(log p + G)`` with ``G = -log E ~ Gumbel(0, 1)``), but it needs no softmax and no noise
 tensor: the programs of a row each scan ``block_v`` of its tokens, draw ``G`` with Philox from the
 row's seed and the token index and keep their maximum; a second small kernel picks the row's best
-chunk. (One program a row, scanning the vocabulary alone, took ~0.3 ms at 256 rows on an H200
-and left all but one SM idle for one row.) Rows with temperature 0 take the plain argmax.
+chunk. (One program a row, scanning the vocabulary alone, was slower at 256 rows and left all but
+one SM idle for one row: docs/performance-notes.md; ``PYTHONPATH=. python benchmarks/kernels/sampler.py
+--fused`` times the pass.) Rows with temperature 0 take the plain argmax.
 
 Randomness: row ``b`` uses ``seeds[b]`` (int64) as the Philox key and the token id as the counter,
 so a row's draw depends only on its seed, never on its batch or position.

@@ -1,9 +1,10 @@
 """The grammar engine: llguidance, behind the few calls the engine makes.
 
-Chosen over xgrammar by measurement (``benchmarks/structured/grammar_engines.py``, a 151,936-token vocabulary,
-the twenty schemas of the tests): a batched fill of 256 rows' masks takes 1.6 ms against 51 ms, a schema
-compiles in 0.5 ms (median) against 8.6 ms, and its slowest single-row fills are 4x shorter. Its one cost, a
-view of the tokenizer built once per engine (~4 s for that vocabulary), is paid off the engine thread.
+Chosen over xgrammar by measurement: it fills a batch's masks and compiles a schema faster, and its slowest
+single-row fills are shorter, which are the costs a step or a new request pays. Its one larger cost, a view of
+the tokenizer built once per engine, is paid off the engine thread. The figures are in
+docs/performance-notes.md ("xgrammar"); ``python benchmarks/structured/grammar_engines.py .bench/bigtok
+--threads 2`` measures them again.
 """
 
 from __future__ import annotations
