@@ -57,7 +57,7 @@ class CustomAllReduce:
                              f"{len(data_ptrs)} and {len(flag_ptrs)}")
         self.rank, self.world, self.device = rank, world, torch.device(device)
         self.capacity, self.max_bytes = capacity_bytes, min(max_bytes, capacity_bytes)
-        # NOTE: on a GPU the abort flag is pinned host memory, which the device reads at its host address
+        # on a GPU the abort flag is pinned host memory, which the device reads at its host address
         self.abort_flag = torch.zeros(1, dtype=torch.int32, pin_memory=self.device.type == "cuda")
         self.ptrs = torch.tensor(data_ptrs + flag_ptrs + [self.abort_flag.data_ptr()], dtype=torch.int64,
                                  device=self.device)  # [2W + 1]

@@ -149,7 +149,7 @@ class NcclCommunicator:
         """Make this rank's pending NCCL kernels return and free the communicator (local: needs no peer).
 
         Callable from another thread (the executor's monitor, when a peer died); also the normal
-        shutdown. NOTE: not ``ncclCommDestroy``, which can wait for peers that already exited.
+        shutdown. Not ``ncclCommDestroy``, which can wait for peers that already exited.
         """
         if self.alive:
             self.alive = False

@@ -150,7 +150,7 @@ def _silu_and_mul_fp8_kernel(
     elif ONE_PASS:
         _store_fp8_row(_silu_cols(x_ptr, row, stride_x, d, cols), q_row, s_row, cols, d)
     else:
-        # NOTE: the amax, then the same values recomputed and written (gate | up read again, from L2)
+        # the amax, then the same values recomputed and written (gate | up read again, from L2)
         amax = tl.zeros([BLOCK], dtype=tl.float32)  # [BLOCK]
         for c0 in range(0, d, BLOCK):
             amax = tl.maximum(amax, tl.abs(_silu_cols(x_ptr, row, stride_x, d, c0 + cols)))
@@ -182,7 +182,7 @@ def _norm_fp8(x2, r2, weight, eps, group, has_res):
     g = _check_group(group, d)
     q, scale = _outputs(n, d, g, x2.device)
     if n:
-        block_d = triton.next_power_of_2(d)  # NOTE: as rms_norm's, with its warps: the same float32 sum
+        block_d = triton.next_power_of_2(d)  # as rms_norm's, with its warps: the same float32 sum
         _rms_norm_fp8_kernel[(n,)](
             x2, r2, weight, r2, q, scale, x2.stride(0), r2.stride(0), r2.stride(0), q.stride(0),
             scale.stride(0), d, eps, HAS_RESIDUAL=has_res, GROUP=g, BLOCK_D=block_d,
@@ -219,7 +219,7 @@ def silu_and_mul_fp8(x: torch.Tensor, group: int | None = None) -> tuple[torch.T
     """``quantize_fp8_ref(silu_and_mul(x), group)`` in one launch: ``x`` ``[M, 2D]`` (gate | up; leading dims
     flattened) -> ``(x8 [M, D] float8_e4m3fn, scale [M, 1] or [M, ceil(D / group)] float32)``.
 
-    NOTE: per token, the scale needs the whole row's amax, so one program owns a row; up to ``ONE_PASS_MAX``
+    Per token, the scale needs the whole row's amax, so one program owns a row; up to ``ONE_PASS_MAX``
     columns (Qwen3-32B's D = 25600 included) it holds the row in registers and reads gate | up once, which
     measured faster than two passes over it in chunks (the amax, then the values again from L2), kept for
     wider rows (docs/performance-notes.md). Per group, groups are independent: a grid of (rows, column blocks)

@@ -44,7 +44,7 @@ def _gemv_kernel(
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
-    # NOTE: the row blocks of one column block are neighbours in launch order, so a weight tile
+    # the row blocks of one column block are neighbours in launch order, so a weight tile
     # read by the first is still in L2 for the others
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -58,7 +58,7 @@ def _gemv_kernel(
         kk = k + rk
         x = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)  # [BM, BK]
         w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)  # [BN, BK]
-        if DOT_F32:  # NOTE: the interpreter's bf16/fp16 dot is wrong; float32 tiles there
+        if DOT_F32:  # the interpreter's bf16/fp16 dot is wrong; float32 tiles there
             x = x.to(tl.float32)
             w = w.to(tl.float32)
         elif HAS_SCALE:
@@ -136,7 +136,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
         return out
     bm = block_m(m)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    # NOTE: Triton runs on CPU tensors only in its interpreter, whose bf16/fp16 dot is wrong
+    # Triton runs on CPU tensors only in its interpreter, whose bf16/fp16 dot is wrong
     _gemv_kernel[grid](
         x, w, scale_arg, bias_arg, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, DOT_F32=x.device.type == "cpu" and x.dtype != torch.float32, BLOCK_M=bm,

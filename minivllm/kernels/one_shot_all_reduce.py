@@ -71,7 +71,7 @@ def _signal_and_wait(ptrs, pid, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, 
         t0 = globaltimer()
     for p in tl.static_range(WORLD):
         if p != RANK:
-            # NOTE: spin on plain volatile loads (a sys-scope acquire per poll, from every program,
+            # spin on plain volatile loads (a sys-scope acquire per poll, from every program,
             # slowed the peers' incoming stores), then one acquire once the flag is up
             seen = tl.load(flags + p, volatile=True)
             stop = tl.zeros([], dtype=tl.int32)
@@ -178,7 +178,7 @@ def _one_shot_all_reduce_add_rms_norm_kernel(
         mask = (rows < M)[:, None] & d_mask[None, :]
         off = rows[:, None] * D + offs[None, :]
         total = _sum_slots(x_ptr, own, off, mask, cap, RANK, WORLD).to(dt)  # the all-reduce's result
-        # NOTE: then fused_norm's ops: h = sum + residual in x's dtype, normalised rounded first
+        # then fused_norm's ops: h = sum + residual in x's dtype, normalised rounded first
         h = (total.to(tl.float32) + tl.load(res_ptr + off, mask=mask, other=0.0).to(tl.float32)).to(dt)
         tl.store(res_ptr + off, h, mask=mask)
         hf = h.to(tl.float32)  # [ROWS, BLOCK_D]

@@ -111,7 +111,7 @@ class DecodeGraphRunner:
         width = inp.block_tables.shape[1]
         k, self.turn = self.turn, self.turn ^ 1
         if self.copied[k] is not None:
-            self.copied[k].synchronize()  # NOTE: normally long done: it was two steps ago
+            self.copied[k].synchronize()  # normally long done: it was two steps ago
         h64 = self.host_i64[k].numpy()
         h64[0, :n], h64[1, :n], h64[2, :n] = inp.input_ids, inp.positions, inp.slot_mapping
         # NOTE: padding rows get token 0 at position 0 and no KV slot; their staging rows may hold

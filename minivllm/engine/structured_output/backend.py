@@ -41,7 +41,7 @@ class GuidanceBackend:
             if self._ll_tokenizer is None:
                 import llguidance.hf
 
-                # NOTE: an EOS id the tokenizer lacks (a checkpoint's padded vocabulary) cannot end a grammar
+                # an EOS id the tokenizer lacks (a checkpoint's padded vocabulary) cannot end a grammar
                 eos = [t for t in self.eos_token_ids if t < len(self.hf_tokenizer)]
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(
                     self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=eos or None)
@@ -71,7 +71,7 @@ class GuidanceBackend:
         if kind == "regex":
             return M.grammar_from_regex(so.regex)
         if kind == "choice":
-            # NOTE: a JSON string literal is a Lark string literal: quotes and newlines stay escaped
+            # a JSON string literal is a Lark string literal: quotes and newlines stay escaped
             import json
 
             return M.grammar_from_lark("start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in so.choice))
