@@ -79,7 +79,7 @@ class Config:
             raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}")
         if engine_args.get("device") is None:
             engine_args["device"] = _default_device()
-        model = os.fspath(model)  # NOTE: a pathlib.Path is fine
+        model = os.fspath(model)  # a pathlib.Path is fine
         if arch is None:
             from minivllm.config.hf import load_arch
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import MISSING, Field, field, fields
 
-# NOTE: the annotations are strings (``from __future__ import annotations``); a field whose type is not
+# the annotations are strings (``from __future__ import annotations``); a field whose type is not
 # listed here (a nested config, a dict) is not checked
 _SCALARS = {"int": numbers.Integral, "float": numbers.Real, "bool": bool, "str": str}
 

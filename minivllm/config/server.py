@@ -28,8 +28,8 @@ class ServerConfig:
     max_stop_strings: int = arg(16, "most stop strings of one request")
     max_stop_string_chars: int = arg(256, "longest stop string, in characters")
     max_body_bytes: int = arg(2 << 20, "largest request body (250k token ids, or a text far beyond any context; "
-                                       "JSON is parsed in one go, holding Python's lock ~20 ms a MiB); a larger "
-                                       "one gets 413 without being read")
+                                       "JSON is parsed in one go, holding Python's lock for the whole body); a "
+                                       "larger one gets 413 without being read")
     request_timeout_s: float = arg(30.0, "seconds a client may take to send a request's headers and body; a "
                                          "slower connection is closed (408)")
     timeout_keep_alive: int = arg(5, "seconds an idle keep-alive connection stays open")

@@ -99,11 +99,11 @@ class BlockManager:
     def get_computed_blocks(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached prefix of ``seq``'s tokens (full blocks only).
 
-        NOTE: at most ``num_tokens - 1`` tokens can hit, so that at least one token is computed
+        At most ``num_tokens - 1`` tokens can hit, so that at least one token is computed
         and the row yields logits. A hit is verified against the block's token ids.
         """
         if not self.enable_prefix_caching or seq.prompt_logprobs is not None:
-            return []  # NOTE: a request for prompt logprobs computes its whole prompt (as vLLM does)
+            return []  # a request for prompt logprobs computes its whole prompt (as vLLM does)
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
         hits: list[int] = []

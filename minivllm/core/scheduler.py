@@ -12,7 +12,7 @@ from minivllm.core.stop import check_stop, ends_by_length
 
 __all__ = ["Scheduler", "SchedulerOutput"]
 
-# NOTE: a ScheduledRow (a SchedulerOutput) from a tuple of its fields in order, without the NamedTuple's
+# a ScheduledRow (a SchedulerOutput) from a tuple of its fields in order, without the NamedTuple's
 # keyword-handling __new__: one per row per step
 _row = functools.partial(tuple.__new__, ScheduledRow)
 _output = functools.partial(tuple.__new__, SchedulerOutput)
@@ -105,7 +105,7 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
             if seq.num_pending_tokens and ends_by_length(seq, self.max_model_len):
-                continue  # NOTE: its pending token is its last one; computing it would be wasted
+                continue  # its pending token is its last one; computing it would be wasted
             remaining = seq.num_uncomputed_tokens
             num_new = min(remaining, budget, self._chunk_cap())
             while not self.block_manager.allocate_slots(seq, num_new):
@@ -210,7 +210,7 @@ class Scheduler:
         params = seq.sampling_params
         prompt = output = None
         if params.has_penalties:
-            # NOTE: all known: a sequence waits for its pending token before it runs again after a preemption
+            # all known: a sequence waits for its pending token before it runs again after a preemption
             output = tuple(seq.token_ids[seq.num_prompt_tokens:])
             if params.repetition_penalty != 1.0:
                 prompt = tuple(seq.token_ids[:seq.num_prompt_tokens])

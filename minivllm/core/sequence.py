@@ -55,7 +55,7 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.num_pending_tokens = 0
         self.pending_row = -1
-        # NOTE: set on one sequence of a request that asks for prompt logprobs (the top-k count): its prompt is
+        # set on one sequence of a request that asks for prompt logprobs (the top-k count): its prompt is
         # computed, never read from the prefix cache, and each chunk's logprobs reported
         self.prompt_logprobs = prompt_logprobs
         # each bad word's token ids, derived from ``sampling_params.bad_words`` by the engine's tokenizer; one of

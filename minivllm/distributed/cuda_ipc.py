@@ -57,7 +57,7 @@ def _check(result: int, what: str) -> None:
 def _require_context(device: torch.device) -> None:
     torch.cuda.set_device(device)
     torch.cuda.init()
-    torch.empty(1, device=device)  # NOTE: makes the primary context current on this thread
+    torch.empty(1, device=device)  # makes the primary context current on this thread
     ctx = ctypes.c_void_p()
     _check(driver().cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
     if not ctx.value:
@@ -79,7 +79,7 @@ class IpcBuffer:
             torch.cuda.synchronize(device)
             handle = IpcHandle()
             _check(lib.cuIpcGetMemHandle(ctypes.byref(handle), self.ptr), "cuIpcGetMemHandle")
-            self.handle = ctypes.string_at(ctypes.addressof(handle), HANDLE_BYTES)  # NOTE: may hold zero bytes
+            self.handle = ctypes.string_at(ctypes.addressof(handle), HANDLE_BYTES)  # may hold zero bytes
         except Exception:
             self.free()
             raise

@@ -1,7 +1,8 @@
 """Tensor-parallel all-reduce for small messages: the one-shot kernel over CUDA-IPC buffers.
 
 A decode step of a TP model all-reduces two small activations per layer (8 KB per token for
-Qwen3-8B); NCCL spends tens of microseconds on each. ``CustomAllReduce`` sums them with one
+Qwen3-8B), messages on which NCCL's all-reduce spends far longer than their bytes take
+(``benchmarks/kernels/all_reduce.py`` times both). ``CustomAllReduce`` sums them with one
 Triton kernel (``kernels/one_shot_all_reduce.py``) that reads the peers' exchange buffers
 directly. ``TPGroup.all_reduce`` uses it for sum-reductions of at most ``max_bytes`` and NCCL for
 everything else; both run on the current stream, so CUDA graphs capture either.
@@ -28,16 +29,17 @@ DEFAULT_PROGRAMS = 64
 
 
 #: the most rows the fused all-reduce + add + RMSNorm kernel takes; larger sums run the all-reduce and
-#: ``fused_add_rms_norm`` as two kernels (fused at every size was faster for one request but lost 2-4% of
-#: the 256-request throughput: docs/performance-notes.md)
+#: ``fused_add_rms_norm`` as two kernels (fused at every size was faster for one request but lost
+#: throughput on the nano workload: docs/performance-notes.md)
 FUSED_NORM_MAX_ROWS = 16
 
 
 def default_max_bytes(world: int) -> int:
     """Largest message sent through the one-shot kernel: 8 MiB at 2 ranks, 2 MiB beyond.
 
-    NOTE: one-shot makes every rank send its whole input to ``world - 1`` peers, so NCCL's ring
-    wins sooner as the world grows (at 4 ranks the two cross between 1 and 2 MiB).
+    One-shot makes every rank send its whole input to ``world - 1`` peers, so NCCL's ring wins sooner as
+    the world grows: at 2 ranks the one-shot kernel led at every size its buffer holds, at 4 ranks only up to
+    about the 2 MiB limit (docs/performance-notes.md; ``benchmarks/kernels/all_reduce.py --world N``).
     """
     return DEFAULT_CAPACITY if world <= 2 else 2 << 20
 
@@ -55,7 +57,7 @@ class CustomAllReduce:
                              f"{len(data_ptrs)} and {len(flag_ptrs)}")
         self.rank, self.world, self.device = rank, world, torch.device(device)
         self.capacity, self.max_bytes = capacity_bytes, min(max_bytes, capacity_bytes)
-        # NOTE: on a GPU the abort flag is pinned host memory, which the device reads at its host address
+        # on a GPU the abort flag is pinned host memory, which the device reads at its host address
         self.abort_flag = torch.zeros(1, dtype=torch.int32, pin_memory=self.device.type == "cuda")
         self.ptrs = torch.tensor(data_ptrs + flag_ptrs + [self.abort_flag.data_ptr()], dtype=torch.int64,
                                  device=self.device)  # [2W + 1]

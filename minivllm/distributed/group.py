@@ -105,7 +105,7 @@ class TPGroup:
     def abort(self) -> None:
         """Make pending collectives return (a peer died); callable from another thread.
 
-        NOTE: gloo needs nothing: a dead peer closes its sockets and the pending collective raises. NCCL
+        Gloo needs nothing: a dead peer closes its sockets and the pending collective raises. NCCL
         kernels, and the custom all-reduce's, would spin until the timeout instead.
         """
         self.aborted = True
@@ -115,7 +115,7 @@ class TPGroup:
             self.comm.abort()
 
     def shutdown(self) -> None:
-        """Release the communicators. NOTE: a broken gloo backend left to the interpreter's exit aborts the process."""
+        """Release the communicators. A broken gloo backend left to the interpreter's exit aborts the process."""
         car, self.custom_ar = self.custom_ar, None
         if car is not None:
             car.close()

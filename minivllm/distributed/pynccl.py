@@ -1,7 +1,8 @@
 """A minimal NCCL communicator over ctypes: collectives on the caller's current CUDA stream.
 
 Why not ``ProcessGroupNCCL``: its collectives bring ``Work`` objects, a watchdog thread and
-(called directly) a side stream; inside a CUDA graph capture that path did not finish on 2 H200s.
+(called directly) a side stream; captured in CUDA graphs, its collectives did not finish
+(docs/performance-notes.md).
 Here each collective is one ``nccl*`` call on ``torch.cuda.current_stream()``, which a capture
 records like any kernel (the approach of vLLM's pynccl and SGLang), and the same communicator
 serves eager steps and graph replays.
@@ -148,7 +149,7 @@ class NcclCommunicator:
         """Make this rank's pending NCCL kernels return and free the communicator (local: needs no peer).
 
         Callable from another thread (the executor's monitor, when a peer died); also the normal
-        shutdown. NOTE: not ``ncclCommDestroy``, which can wait for peers that already exited.
+        shutdown. Not ``ncclCommDestroy``, which can wait for peers that already exited.
         """
         if self.alive:
             self.alive = False

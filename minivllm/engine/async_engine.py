@@ -161,7 +161,7 @@ class AsyncLLM:
     def model_info(self) -> ModelInfo:
         """The model's lengths, vocabulary and KV cache (EngineNotReadyError until the engine is built)."""
         if self._info is None:
-            self.check_usable()  # NOTE: raises: loading, failed, or shutting down before it loaded
+            self.check_usable()  # raises: loading, failed, or shutting down before it loaded
         return self._info
 
     def add_stat_logger(self, stat_logger: StatLogger) -> None:

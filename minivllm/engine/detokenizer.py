@@ -62,7 +62,7 @@ class IncrementalDetokenizer:
         self.include_stop_str_in_output = include_stop_str_in_output
         self.min_tokens = min_tokens
         self._max_stop_len = max((len(s) for s in self.stop), default=0)
-        # NOTE: ``special_ids`` (the engine computes them once per tokenizer) saves a pass over the vocabulary
+        # ``special_ids`` (the engine computes them once per tokenizer) saves a pass over the vocabulary
         if not skip_special_tokens:
             self._skip_ids = frozenset()
         else:

@@ -153,7 +153,7 @@ class EngineLoop:
         with self._queued_lock:
             self._queued_seqs -= cmd.params.n
         try:
-            # NOTE: every online request reports each step (metrics, aborts), streamed or not
+            # every online request reports each step (metrics, aborts), streamed or not
             self.engine.add_request(cmd.prompt, cmd.params, request_id=cmd.request_id, stream=True,
                                     strict_length=True)
         except Exception as exc:
@@ -161,7 +161,7 @@ class EngineLoop:
             return False
         cmd.future.set_result(cmd.request_id)
         self._live.add(cmd.request_id)
-        self.engine_waiting += cmd.params.n  # NOTE: until the next step's statistics say exactly
+        self.engine_waiting += cmd.params.n  # until the next step's statistics say exactly
         return True
 
     def _abort(self, request_id: str) -> None:

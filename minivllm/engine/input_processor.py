@@ -45,7 +45,7 @@ class InputProcessor:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        # NOTE: replace() checks the parameters again (the caller may have changed them since they were built);
+        # replace() checks the parameters again (the caller may have changed them since they were built);
         # the deep copy shares nothing with the caller's object
         params = copy.deepcopy(replace(params))
         text, token_ids = self._encode(prompt)
@@ -82,7 +82,7 @@ class InputProcessor:
         if not token_ids:
             raise ValueError("the prompt is empty: it must have at least one token")
         max_len = self.max_model_len
-        if len(token_ids) >= max_len:  # NOTE: before the walk over the ids below
+        if len(token_ids) >= max_len:  # before the walk over the ids below
             raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is {max_len}: "
                              f"it must be shorter to leave room for at least one generated token")
         vocab = self.vocab_size

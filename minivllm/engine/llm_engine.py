@@ -84,7 +84,7 @@ class LLMEngine:
         self._value_readers: set[str] = set()
         self._ids = count()
         self._seq_ids = count()
-        # NOTE: a finalizer (not atexit.register(self.close)) so a dropped engine can be collected;
+        # a finalizer (not atexit.register(self.close)) so a dropped engine can be collected;
         # it also runs at interpreter exit.
         self._finalizer = weakref.finalize(self, _close, self.executor, self.structured)
 
@@ -122,7 +122,7 @@ class LLMEngine:
         self._requests[request_id] = req
         so = params.structured_outputs
         if so is not None and not self.structured.cached(so):
-            self.structured.submit(request_id, so)  # NOTE: joins the scheduler once compiled (step)
+            self.structured.submit(request_id, so)  # joins the scheduler once compiled (step)
         else:
             self._schedule(req, self.structured.prepare(so) if so is not None else None)
         if req.seqs[0].reads_output_values:
@@ -246,7 +246,7 @@ class LLMEngine:
         for row, seq in updated:
             req, i = self._seq_to_request[seq.seq_id]
             if grammars and seq.seq_id in grammars and self.structured.accept(seq.seq_id, sampled.token_ids[row]):
-                if not seq.is_finished:  # NOTE: the grammar is complete: nothing but EOS may follow
+                if not seq.is_finished:  # the grammar is complete: nothing but EOS may follow
                     self.scheduler.finish(seq, "stop")
             req.on_token(i, seq, sampled.token_ids[row], sampled.logprobs_of(row), now, self.scheduler.finish)
             if req.stream or seq.is_finished:  # offline requests report only at the end

@@ -40,7 +40,7 @@ def add_flags(parser: argparse.ArgumentParser, flags, title: str, exclude: tuple
         if name in exclude:
             continue
         kw = dict(dest=name, default=None, help=meta["help"])
-        if typ is None:  # NOTE: a switch that is off by default has no --no- form (vLLM's --enforce-eager)
+        if typ is None:  # a switch that is off by default has no --no- form (vLLM's --enforce-eager)
             action = "store_true" if meta.get("default") is False else argparse.BooleanOptionalAction
             group.add_argument(flag, action=action, **kw)
         elif typ is list:

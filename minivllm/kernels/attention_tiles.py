@@ -57,7 +57,7 @@ def attend_range(
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
-        k = k.to(DOT_DTYPE)  # NOTE: a no-op for a cache in the model's dtype; e4m3 values are exact in fp16
+        k = k.to(DOT_DTYPE)  # a no-op for a cache in the model's dtype; e4m3 values are exact in fp16
         v = v.to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] float32
         if MASKED:
@@ -104,7 +104,7 @@ def dot_dtype(query: torch.Tensor, cache: torch.Tensor) -> tl.dtype:
     float32 on the CPU: the interpreter computes ``tl.dot`` on bf16/fp16 wrongly. A cache in the model's
     dtype: that dtype (no conversion). An FP8 cache: float16, since e4m3 -> f16 is one hardware conversion
     per two values (e4m3 -> bf16 is not, on Hopper) and every e4m3 value and softmax probability is as exact
-    or more in fp16 than in bf16. NOTE: the query is rounded to fp16 then: finite below 65,504, which a
+    or more in fp16 than in bf16. The query is rounded to fp16 then: finite below 65,504, which a
     normed or RoPE'd query is far from.
     """
     if query.device.type == "cpu":

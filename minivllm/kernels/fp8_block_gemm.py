@@ -99,7 +99,7 @@ def _fp8_gemm_kernel(
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
-    # NOTE: SWIZZLE_M row tiles of one column band run next to each other, so its weight tiles stay in L2
+    # SWIZZLE_M row tiles of one column band run next to each other, so its weight tiles stay in L2
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -111,7 +111,7 @@ def _fp8_gemm_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    # NOTE: rows and columns past M and N wrap around (always in bounds, no load masks); the store drops them
+    # rows and columns past M and N wrap around (always in bounds, no load masks); the store drops them
     rm_in = rm % M
     rn_in = rn % N
     a_rows = a_ptr + rm_in[:, None].to(tl.int64) * stride_am  # [BLOCK_M, 1]
@@ -123,7 +123,7 @@ def _fp8_gemm_kernel(
         kk = k + rk  # [BLOCK_K]
         a = tl.load(a_rows + kk[None, :], mask=kk[None, :] < K, other=0.0)  # [BM, BK]
         b = tl.load(b_cols + kk[:, None], mask=kk[:, None] < K, other=0.0)  # [BK, BN] (K-major)
-        if DOT_F32:  # NOTE: Triton runs on CPU tensors only in its interpreter: float32 tiles there
+        if DOT_F32:  # Triton runs on CPU tensors only in its interpreter: float32 tiles there
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         if BLOCK_SCALES:
@@ -144,9 +144,11 @@ def _fp8_gemm_kernel(
 
 
 # (max M, (BLOCK_M, BLOCK_N, BLOCK_K, SWIZZLE_M, NUM_STAGES, num_warps)), the first bucket that holds M: the
-# fastest of 16 configurations at Qwen3-8B's four linear shapes on an H100 (CUDA graphs, weights from HBM).
-# NOTE: up to 32 rows the dot runs on mma.sync (float32 sums); from 64-row tiles on wgmma, whose FP8 sums lose
-# ~4e-4 of the largest output at K = 4096 (cuBLASLt's FP8 GEMM ~3e-4). 128-row tiles (8 warps) were 0-30% slower.
+# fastest of 16 configurations at Qwen3-8B's four linear shapes on an H100 (CUDA graphs, weights from HBM);
+# re-tune with ``PYTHONPATH=. python benchmarks/kernels/fp8_gemm.py --configs 64x128x128x8x3x4 ...``.
+# Up to 32 rows the dot runs on mma.sync (float32 sums); from 64-row tiles on wgmma, whose FP8 sums are less
+# exact, about as much as cuBLASLt's own FP8 GEMM (tests/gpu/test_fp8_block_gemm_gpu.py bounds the error).
+# 128-row tiles (8 warps) were slower (docs/performance-notes.md).
 CONFIGS = (
     (16, (16, 64, 128, 8, 4, 4)),
     (32, (32, 64, 128, 8, 4, 4)),

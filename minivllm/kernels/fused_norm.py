@@ -26,7 +26,7 @@ def rms_norm_input(x_ptr, res_ptr, row, stride_x, stride_res, offs, mask, HAS_RE
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)  # [BLOCK_D] x.dtype
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + offs, mask=mask, other=0.0)  # [BLOCK_D]
-        # NOTE: rounded to x's dtype like the torch ``x = x + residual``; the norm reads the rounded sum
+        # rounded to x's dtype like the torch ``x = x + residual``; the norm reads the rounded sum
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # [BLOCK_D]
     return x
 

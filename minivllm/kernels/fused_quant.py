@@ -20,10 +20,11 @@ from minivllm.kernels.fused_norm import _as_rows, _num_warps, rms_norm_apply, rm
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 FP8_MAX = 448.0
-# NOTE: per token, SiLU-and-mul keeps a row of up to this many (padded) columns in registers (16 or 32 warps,
+# per token, SiLU-and-mul keeps a row of up to this many (padded) columns in registers (16 or 32 warps,
 # 32 values a thread), reading gate | up once; only wider rows go over the row twice (gate | up read again,
-# from L2). H100, bf16, per call, 32 / 512 rows: D = 12288 3.7 / 10.3 us in one pass, 4.9 / 12.4 us in two;
-# D = 25600 5.9 / 28.2 us against 8.5 / 39.0 us (unfused silu_and_mul + quantize: 6.2 / 20.1, 9.8 / 50.6 us)
+# from L2), which measured slower at Qwen3-8B's and 32B's D (docs/performance-notes.md). Re-measure with
+# ``PYTHONPATH=. python benchmarks/kernels/fused_quant.py --inter 25600 --hidden 5120``, then again with this
+# constant below D for the two-pass time.
 ONE_PASS_MAX = 32768
 
 
@@ -99,7 +100,7 @@ def _rms_norm_fp8_kernel(
     # [groups, group] rather than reshaped (a reshape's layout propagates back to the sum). Unpinned, a
     # float32 row took 8 or 16 values a thread where rms_norm has 4, and rstd differed by an ulp. Checked on
     # H100 for d a multiple of 16 (every real hidden size); per group with a ragged d (1000, 3000) the sum's
-    # layout still differs: float32 scales 1 ulp off in ~2% of groups, a few bf16 FP8 values in 10^6.
+    # layout still differs, and some float32 scales (rarely an FP8 value) come out 1 ulp off.
     offs = tl.max_contiguous(tl.arange(0, BLOCK_D), VEC)  # [BLOCK_D]
     x = rms_norm_input(x_ptr, res_ptr, row, stride_x, stride_res, offs, offs < d, HAS_RESIDUAL)  # [BLOCK_D]
     rstd = rms_norm_rstd(x, d, eps)  # scalar float32
@@ -149,7 +150,7 @@ def _silu_and_mul_fp8_kernel(
     elif ONE_PASS:
         _store_fp8_row(_silu_cols(x_ptr, row, stride_x, d, cols), q_row, s_row, cols, d)
     else:
-        # NOTE: the amax, then the same values recomputed and written (gate | up read again, from L2)
+        # the amax, then the same values recomputed and written (gate | up read again, from L2)
         amax = tl.zeros([BLOCK], dtype=tl.float32)  # [BLOCK]
         for c0 in range(0, d, BLOCK):
             amax = tl.maximum(amax, tl.abs(_silu_cols(x_ptr, row, stride_x, d, c0 + cols)))
@@ -181,7 +182,7 @@ def _norm_fp8(x2, r2, weight, eps, group, has_res):
     g = _check_group(group, d)
     q, scale = _outputs(n, d, g, x2.device)
     if n:
-        block_d = triton.next_power_of_2(d)  # NOTE: as rms_norm's, with its warps: the same float32 sum
+        block_d = triton.next_power_of_2(d)  # as rms_norm's, with its warps: the same float32 sum
         _rms_norm_fp8_kernel[(n,)](
             x2, r2, weight, r2, q, scale, x2.stride(0), r2.stride(0), r2.stride(0), q.stride(0),
             scale.stride(0), d, eps, HAS_RESIDUAL=has_res, GROUP=g, BLOCK_D=block_d,
@@ -218,11 +219,11 @@ def silu_and_mul_fp8(x: torch.Tensor, group: int | None = None) -> tuple[torch.T
     """``quantize_fp8_ref(silu_and_mul(x), group)`` in one launch: ``x`` ``[M, 2D]`` (gate | up; leading dims
     flattened) -> ``(x8 [M, D] float8_e4m3fn, scale [M, 1] or [M, ceil(D / group)] float32)``.
 
-    NOTE: per token, the scale needs the whole row's amax, so one program owns a row; up to ``ONE_PASS_MAX``
+    Per token, the scale needs the whole row's amax, so one program owns a row; up to ``ONE_PASS_MAX``
     columns (Qwen3-32B's D = 25600 included) it holds the row in registers and reads gate | up once, which
     measured faster than two passes over it in chunks (the amax, then the values again from L2), kept for
-    wider rows. Per group, groups are independent: a grid of (rows, column blocks) as silu_and_mul's, one
-    pass.
+    wider rows (docs/performance-notes.md). Per group, groups are independent: a grid of (rows, column blocks)
+    as silu_and_mul's, one pass.
     """
     two_d = x.shape[-1]
     assert two_d % 2 == 0, "last dim must be even (gate | up)"

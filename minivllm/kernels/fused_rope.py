@@ -57,7 +57,7 @@ def _norm_rope_heads(
         dmask = offs_d < HALF  # [BLOCK_HALF]
         w1 = tl.load(w_ptr + offs_d, mask=dmask, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_HALF]
         w2 = tl.load(w_ptr + HALF + offs_d, mask=dmask, other=0.0).to(tl.float32)[None, :]
-        # NOTE: round to the dtype before and after the weight multiply, as the torch RMSNorm does
+        # round to the dtype before and after the weight multiply, as the torch RMSNorm does
         x1 = ((x1 * rstd).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
         x2 = ((x2 * rstd).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
     c = cos[None, :]  # [1, BLOCK_HALF]
@@ -82,7 +82,7 @@ def _store_heads_to_cache(
     SAT: tl.constexpr,  # > 0: clamp to [-SAT, SAT] before the cast (FP8 e4m3 has no infinity)
 ):
     cdt = kc.dtype.element_ty
-    # NOTE: k is rounded to its own dtype first, as store_kvcache reads it from the qkv buffer
+    # k is rounded to its own dtype first, as store_kvcache reads it from the qkv buffer
     o1 = o1.to(v_src.dtype.element_ty).to(tl.float32)
     o2 = o2.to(v_src.dtype.element_ty).to(tl.float32)
     pv = v_src + offs_h[:, None] * stride_vh + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
@@ -187,7 +187,7 @@ def qk_norm_rope(
     block_half = triton.next_power_of_2(half)
     block_h = min(triton.next_power_of_2(min(hq, hkv)), max(1, 1024 // block_half))
     grid = (n, triton.cdiv(hq, block_h) + triton.cdiv(hkv, block_h))
-    qw = q_weight if has_norm else cos_sin_cache  # NOTE: dummy pointers, never read without HAS_NORM
+    qw = q_weight if has_norm else cos_sin_cache  # dummy pointers, never read without HAS_NORM
     kw = k_weight if has_norm else cos_sin_cache
     if kv_store is not None:
         v, k_cache, v_cache, slots, *kv_scales = kv_store
@@ -196,7 +196,7 @@ def qk_norm_rope(
         assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and k_cache.dtype == v_cache.dtype
         cache_strides, sat = k_cache.stride()[:3], fp8_max(k_cache.dtype)
     else:
-        v, k_cache, v_cache, slots = k, k, k, positions  # NOTE: dummy pointers, never read without STORE_KV
+        v, k_cache, v_cache, slots = k, k, k, positions  # dummy pointers, never read without STORE_KV
         cache_strides, sat, kv_scales = (0, 0, 0), 0.0, []
     k_scale, v_scale = kv_scales or (1.0, 1.0)
     _qk_norm_rope_kernel[grid](

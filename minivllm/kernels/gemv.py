@@ -1,13 +1,14 @@
 """``x @ w.T (+ bias)`` for a few rows of ``x`` (decoding up to a few hundred sequences), in Triton.
 
-Below ~200 rows a linear layer on an H100/H200 is a stream over its weight matrix (each weight
-element meets fewer rows than the GPU's FLOP-to-byte ratio), and its speed is the fraction of HBM
-bandwidth it reaches. cuBLAS's small-M kernels reach 50-75% on the 17-100 MB matrices of a
-tensor-parallel 8B decode step (profiled on an H200) and some add a split-K reduce
-kernel. This kernel gives each program ``BLOCK_N`` output columns and all the rows (up to
-``BLOCK_M``, the rows rounded up to a power of two), streams their weight rows through a
-``NUM_STAGES``-deep pipeline of ``[BLOCK_N, BLOCK_K]`` tiles into ``tl.dot`` and writes the result
-directly: one kernel per linear layer. One row takes a variant without MMA (``_gemv_fma_kernel``).
+With few rows a linear layer is a stream over its weight matrix (each weight element meets fewer
+rows than the GPU's FLOP-to-byte ratio), and its speed is the fraction of HBM bandwidth it reaches.
+cuBLAS's small-M kernels leave part of that bandwidth unused on the weights of a tensor-parallel 8B
+decode step, and some add a split-K reduce kernel (docs/performance-notes.md; ``PYTHONPATH=. python
+benchmarks/kernels/gemv.py --rows 1 16`` prints both kernels' TB/s). This kernel gives each program
+``BLOCK_N`` output columns and all the rows (up to ``BLOCK_M``, the rows rounded up to a power of two),
+streams their weight rows through a ``NUM_STAGES``-deep pipeline of ``[BLOCK_N, BLOCK_K]`` tiles into
+``tl.dot`` and writes the result directly: one kernel per linear layer. One row takes a variant without
+MMA (``_gemv_fma_kernel``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _gemv_kernel(
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
-    # NOTE: the row blocks of one column block are neighbours in launch order, so a weight tile
+    # the row blocks of one column block are neighbours in launch order, so a weight tile
     # read by the first is still in L2 for the others
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -57,7 +58,7 @@ def _gemv_kernel(
         kk = k + rk
         x = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)  # [BM, BK]
         w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)  # [BN, BK]
-        if DOT_F32:  # NOTE: the interpreter's bf16/fp16 dot is wrong; float32 tiles there
+        if DOT_F32:  # the interpreter's bf16/fp16 dot is wrong; float32 tiles there
             x = x.to(tl.float32)
             w = w.to(tl.float32)
         elif HAS_SCALE:
@@ -135,7 +136,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
         return out
     bm = block_m(m)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    # NOTE: Triton runs on CPU tensors only in its interpreter, whose bf16/fp16 dot is wrong
+    # Triton runs on CPU tensors only in its interpreter, whose bf16/fp16 dot is wrong
     _gemv_kernel[grid](
         x, w, scale_arg, bias_arg, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, DOT_F32=x.device.type == "cpu" and x.dtype != torch.float32, BLOCK_M=bm,

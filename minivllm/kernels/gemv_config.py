@@ -2,7 +2,8 @@
 
 ``use_gemv`` decides per linear call (CUDA, bf16/fp16, few rows); ``gemv_config`` picks
 ``(BLOCK_N, BLOCK_K, NUM_STAGES, num_warps, variant)`` by shape: the fastest of 20 configurations on an
-H200 at Qwen3-8B's and 32B's shapes at TP=1 and 2 (``benchmarks/kernels/gemv.py``).
+H200 at Qwen3-8B's and 32B's shapes at TP=1 and 2. To re-tune, time candidates with
+``PYTHONPATH=. python benchmarks/kernels/gemv.py --rows 1 16 --configs 8x256x6x2f 32x256x4x4 ...``.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import torch
 import triton
 
 MAX_BLOCK_M = 128  # more rows than this take several row blocks (each re-reads the weights, from L2)
-# NOTE: several rows: faster than cuBLAS from 8M-element weights up (the 8B layers, TP=1 and 2); smaller
-# ones stay on cuBLAS. One row (the FMA variant) takes every weight: 1.2-4.2x cuBLAS on Qwen3-0.6B's layers.
+# several rows: faster than cuBLAS from 8M-element weights up (the 8B layers, TP=1 and 2); smaller ones stay
+# on cuBLAS. One row (the FMA variant) takes every weight, the 0.6B model's small ones included, as it beat
+# cuBLAS on all of them (docs/performance-notes.md, "Triton GEMV")
 MIN_WEIGHT_NUMEL = 1 << 23
-#: the most rows a linear layer sends to this kernel; cuBLAS above (64 lost throughput at TP=1)
+#: the most rows a linear layer sends to this kernel; cuBLAS above (64 lost throughput at TP=1:
+#: docs/performance-notes.md)
 MAX_ROWS = 16
 DTYPES = (torch.bfloat16, torch.float16)
 VARIANTS = ("", "f")  # MMA (tl.dot over a [BLOCK_M, BLOCK_N] tile); FMA (one row a program, no MMA)
@@ -24,7 +27,7 @@ def gemv_config(n: int, k: int, m: int = 1, fp8: bool = False) -> tuple[int, int
     """``(BLOCK_N, BLOCK_K, NUM_STAGES, num_warps, variant)`` for ``m`` rows and a ``[n, k]`` weight.
 
     One row: FMAs, no MMA, with enough programs to fill the GPU a few times over (8 columns each up to 4096
-    columns, 16 above): 1.1-1.4x cuBLAS and 3-16% under the MMA kernel. FP8 weights (``fp8``) at one row take
+    columns, 16 above), faster there than both cuBLAS and the MMA kernel. FP8 weights (``fp8``) at one row take
     512-wide K tiles (the bytes of 256 bf16 values) except around 6,144 columns, the fastest of 11
     configurations on Qwen3-8B's layers (``benchmarks/kernels/gemv.py --fp8``). More rows: the MMA kernel,
     128-wide K tiles over 64 rows (4 stages of [128 + 32, 256] tiles would not fit in shared memory).

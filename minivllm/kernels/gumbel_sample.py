@@ -5,8 +5,9 @@ distribution as the sampler's exponential race (``argmax(p / E)`` with ``E ~ Exp
 ``argmax(log p + G)`` with ``G = -log E ~ Gumbel(0, 1)``), but it needs no softmax and no noise
 tensor: the programs of a row each scan ``block_v`` of its tokens, draw ``G`` with Philox from the
 row's seed and the token index and keep their maximum; a second small kernel picks the row's best
-chunk. (One program a row, scanning the vocabulary alone, took ~0.3 ms at 256 rows on an H200
-and left all but one SM idle for one row.) Rows with temperature 0 take the plain argmax.
+chunk. (One program a row, scanning the vocabulary alone, was slower at 256 rows and left all but
+one SM idle for one row: docs/performance-notes.md; ``PYTHONPATH=. python benchmarks/kernels/sampler.py
+--fused`` times the pass.) Rows with temperature 0 take the plain argmax.
 
 Randomness: row ``b`` uses ``seeds[b]`` (int64) as the Philox key and the token id as the counter,
 so a row's draw depends only on its seed, never on its batch or position.
@@ -57,7 +58,7 @@ def _gumbel_chunk_kernel(
             u = tl.rand(seed, vocab_start + offs)  # [BLOCK_V] uniform in [0, 1)
             x = x - tl.log(-tl.log(u))  # u = 0 gives -inf: that token cannot win
     x = tl.where(mask, x, -float("inf"))
-    # NOTE: argmax takes the first of equal values: ties keep the lower token id, as torch.argmax
+    # argmax takes the first of equal values: ties keep the lower token id, as torch.argmax
     tl.store(best_ptr + row * C + chunk, tl.max(x, 0))
     tl.store(idx_ptr + row * C + chunk, vocab_start + chunk * BLOCK_V + tl.argmax(x, 0))
 
@@ -94,7 +95,7 @@ def _chunk_pass(logits: torch.Tensor, seeds: torch.Tensor | None, temperature: t
     has_t = temperature is not None and seeds is not None
     temps = temperature.to(torch.float32).contiguous() if has_t else logits  # (unused pointer when not has_t)
     block_v = min(block_v, triton.next_power_of_2(max(valid, 1)))
-    chunks = max(1, triton.cdiv(valid, block_v))  # NOTE: one all-masked chunk for an empty slice: (-inf, vocab_start)
+    chunks = max(1, triton.cdiv(valid, block_v))  # one all-masked chunk for an empty slice: (-inf, vocab_start)
     best = torch.empty(batch, chunks, dtype=torch.float32, device=logits.device)
     idx = torch.empty(batch, chunks, dtype=torch.int32, device=logits.device)
     _gumbel_chunk_kernel[(batch, chunks)](
@@ -146,7 +147,7 @@ def gumbel_sample_shard(logits: torch.Tensor, seeds: torch.Tensor | None, temper
 def pick_across_shards(parts: list[torch.Tensor]) -> torch.Tensor:
     """[B] int64 token ids from every slice's ``gumbel_sample_shard`` result (slice order = vocabulary order).
 
-    NOTE: ties go to the first slice (``argmax`` keeps the first of equal values): the lowest token
+    Ties go to the first slice (``argmax`` keeps the first of equal values): the lowest token
     id, as the unsharded pass and ``torch.argmax``.
     """
     pairs = torch.stack(parts)  # [N, B, 2] float64

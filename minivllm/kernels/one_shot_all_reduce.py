@@ -3,8 +3,9 @@
 Each rank writes its input into its slot of every peer's exchange buffer (remote stores are
 posted, so NVLink bandwidth, not latency, bounds them), raises a flag on each peer, waits for the
 peers' flags, then sums the ``world`` slots of its own buffer, all local now. One kernel, one
-round of flags: a few microseconds for the 8 KB messages of tensor-parallel decoding, where a
-NCCL all-reduce takes tens (the idea of vLLM's, SGLang's and TensorRT-LLM's custom all-reduce).
+round of flags, which beats a NCCL all-reduce on the 8 KB messages of tensor-parallel decoding (the idea
+of vLLM's, SGLang's and TensorRT-LLM's custom all-reduce). Figures: docs/performance-notes.md; measured by
+``PYTHONPATH=. python benchmarks/kernels/all_reduce.py --world 2``.
 
 ``ptrs`` (int64, on the kernel's device) holds the addresses: ``ptrs[0:W]`` every rank's data
 buffer (two halves of ``W`` slots of ``cap`` elements), ``ptrs[W:2W]`` every rank's flags (int32,
@@ -38,7 +39,7 @@ except ImportError:  # pragma: no cover - older Triton: the abort flag is read e
 # NOTE: a wait reads the abort flag (pinned host memory) every this many polls of the peers' flags, and
 # on GPUs only once it has lasted ABORT_CHECK_AFTER_NS. Every thread of every program reads it: frequent
 # host reads make a rank late for the next call, its peer's wait then reaches its own host reads, and the
-# two sustain each other (reads every 16 polls made calls ~30x slower on 2 x H200).
+# two sustain each other, slowing every call (docs/performance-notes.md, "All-reduce abort-flag polling").
 SPIN_CHECK_ABORT_EVERY = 1024
 ABORT_CHECK_AFTER_NS = tl.constexpr(20_000_000)  # a wait this long (20 ms) means a peer is stuck or dead
 
@@ -70,7 +71,7 @@ def _signal_and_wait(ptrs, pid, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, 
         t0 = globaltimer()
     for p in tl.static_range(WORLD):
         if p != RANK:
-            # NOTE: spin on plain volatile loads (a sys-scope acquire per poll, from every program,
+            # spin on plain volatile loads (a sys-scope acquire per poll, from every program,
             # slowed the peers' incoming stores), then one acquire once the flag is up
             seen = tl.load(flags + p, volatile=True)
             stop = tl.zeros([], dtype=tl.int32)
@@ -177,7 +178,7 @@ def _one_shot_all_reduce_add_rms_norm_kernel(
         mask = (rows < M)[:, None] & d_mask[None, :]
         off = rows[:, None] * D + offs[None, :]
         total = _sum_slots(x_ptr, own, off, mask, cap, RANK, WORLD).to(dt)  # the all-reduce's result
-        # NOTE: then fused_norm's ops: h = sum + residual in x's dtype, normalised rounded first
+        # then fused_norm's ops: h = sum + residual in x's dtype, normalised rounded first
         h = (total.to(tl.float32) + tl.load(res_ptr + off, mask=mask, other=0.0).to(tl.float32)).to(dt)
         tl.store(res_ptr + off, h, mask=mask)
         hf = h.to(tl.float32)  # [ROWS, BLOCK_D]

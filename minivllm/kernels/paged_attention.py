@@ -77,7 +77,7 @@ def _paged_attention_kernel(
         q_len = tl.load(cu_seqlens_q_ptr + row + 1) - q_start
     ctx = tl.load(context_lens_ptr + row)
     tile_start = q_tile * BLOCK_Q  # first query token (within the row) of this program
-    # NOTE: the grid is sized by max_seqlen_q, and CUDA-graph padding rows have q_len 0.
+    # the grid is sized by max_seqlen_q, and CUDA-graph padding rows have q_len 0.
     if (tile_start >= q_len) | (ctx <= 0):
         return
 

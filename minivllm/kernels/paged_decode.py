@@ -230,7 +230,7 @@ def paged_decode(
     """Decode attention: split-KV when the batch cannot fill the GPU, else the unified kernel.
 
     The choice depends only on (num_rows, num_kv_heads, max_context_len, SM count), so a
-    captured CUDA graph always replays the same kernels. NOTE: when capturing, pass the largest
+    captured CUDA graph always replays the same kernels. When capturing, pass the largest
     context the graph will serve as ``max_context_len`` (correctness does not depend on it).
     """
     num_splits = choose_num_splits(

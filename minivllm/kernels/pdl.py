@@ -1,9 +1,10 @@
 """Programmatic dependent launch (PDL, Hopper and later): a kernel's programs start while the one
 before it on the stream finishes, instead of after it.
 
-A decode step is ~500 small kernels (13 a layer at TP=2, most of them 2-15 us), and each one
-normally starts only after its predecessor has fully drained and the launch of the next has gone
-through the GPU's front end. With PDL (``launch_pdl=True``, kept in CUDA graphs as programmatic
+A decode step is hundreds of small kernels (13 a layer at TP=2), most of them short enough that the
+gaps between them count (``PYTHONPATH=. python benchmarks/engine/profile_step.py --decode-rows 1`` lists
+them), and each one normally starts only after its predecessor has fully drained and the launch of the
+next has gone through the GPU's front end. With PDL (``launch_pdl=True``, kept in CUDA graphs as programmatic
 edges) the next kernel's programs are launched as soon as every program of the running kernel has
 called ``gdc_launch_dependents`` (or exited), and they block in ``gdc_wait`` until that kernel has
 completed and its writes are visible.

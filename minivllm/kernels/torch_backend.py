@@ -33,7 +33,7 @@ def store_kvcache_ref(
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
     sat = fp8_max(k_cache.dtype)
-    if sat:  # NOTE: e4m3 has no infinity: out-of-range values saturate instead of becoming NaN
+    if sat:  # e4m3 has no infinity: out-of-range values saturate instead of becoming NaN
         key, value = key.float() * (1.0 / k_scale), value.float() * (1.0 / v_scale)
         key, value = key.clamp(-sat, sat), value.clamp(-sat, sat)
     k_flat = k_cache.view(-1, *k_cache.shape[2:])  # [num_blocks * block_size, num_kv_heads, head_dim]
@@ -145,7 +145,7 @@ def quantize_fp8_ref(x: torch.Tensor, group: int | None = None,
     padded = torch.nn.functional.pad(x.float(), (0, n * g - K)).view(M, n, g)  # [M, n, g]
     if scale is None:
         scale = (padded.abs().amax(-1) / FP8_E4M3_MAX).clamp(min=1e-12)  # [M, n]
-    # NOTE: times the reciprocal, as the Triton kernel does, so both round to the same FP8 values
+    # times the reciprocal, as the Triton kernel does, so both round to the same FP8 values
     q = (padded * (1.0 / scale).unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).view(M, n * g)[:, :K]
     return q.to(torch.float8_e4m3fn), scale
 
@@ -183,7 +183,7 @@ def fp8_linear_ref(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, block
     columns with block weights, as the FP8 block recipe does; ``x_scale`` [M, 1]: per-token scales given),
     times the dequantized weight. In ``out_dtype`` (default ``x``'s).
 
-    NOTE: the products are summed in float64, where every term (an e4m3 value times a float32 scale, twice) is
+    The products are summed in float64, where every term (an e4m3 value times a float32 scale, twice) is
     nearly exact, so the result hardly depends on how K is split: tensor-parallel ranks' partial sums, added,
     round to what one rank computes.
     """

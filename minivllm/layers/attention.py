@@ -28,7 +28,7 @@ class Attention(nn.Module):
 
     def load_kv_scale(self, which: str, loaded: torch.Tensor) -> None:
         """Take a checkpoint's ``k_scale`` / ``v_scale`` (``which``: "k" or "v"; one positive value)."""
-        value = float(loaded.float().max())  # NOTE: some checkpoints store one value per shard: the largest covers all
+        value = float(loaded.float().max())  # some checkpoints store one value per shard: the largest covers all
         if not value > 0.0 or value == float("inf"):
             raise ValueError(f"the checkpoint's {which}_scale must be positive and finite, got {value}")
         setattr(self, f"{which}_scale", value)

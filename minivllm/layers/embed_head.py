@@ -50,7 +50,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         logits = linear(x, self.weight, None)  # [num_rows, per_rank] (one-row decoding: the Triton GEMV)
         if self.tp_size == 1 or not gather:
             return logits
-        parts = self.tp_group.gather(logits, dst=0)  # NOTE: outside any CUDA graph (sampled rows only)
+        parts = self.tp_group.gather(logits, dst=0)  # outside any CUDA graph (sampled rows only)
         if parts is None:
             return None
         return torch.cat(parts, dim=-1)[:, : self.num_embeddings]

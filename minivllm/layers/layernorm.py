@@ -41,7 +41,7 @@ class RMSNorm(nn.Module):
         if self.tp_group is not None and residual is not None:
             if not self.fused:
                 self.tp_group.all_reduce(x)
-                x = x.to(residual.dtype)  # NOTE: an FP8 layer's partial sums come in float64 on the CPU
+                x = x.to(residual.dtype)  # an FP8 layer's partial sums come in float64 on the CPU
             elif (done := self.tp_group.all_reduce_add_rms_norm(x, residual, self.weight, self.eps)) is not None:
                 return done
         if self.fused and quant is not None:

@@ -20,7 +20,7 @@ _HAS_TRITON = importlib.util.find_spec("triton") is not None
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear``, or the Triton GEMV for the few-row inputs of decoding on GPUs (``kernels/gemv.py``)."""
     if _HAS_TRITON and x.is_cuda:
-        from minivllm.kernels.gemv import gemv  # NOTE: here: triton is an optional dependency
+        from minivllm.kernels.gemv import gemv  # here: triton is an optional dependency
         from minivllm.kernels.gemv_config import use_gemv
 
         if use_gemv(x, weight):
@@ -147,5 +147,5 @@ class RowParallelLinear(LinearBase):
         y = self.matmul(x)
         if self.tp_size > 1 and self.reduce_results:
             self.tp_group.all_reduce(y)
-            y = y.to(x.dtype)  # NOTE: an FP8 layer's partial sums come in float64 on the CPU
+            y = y.to(x.dtype)  # an FP8 layer's partial sums come in float64 on the CPU
         return y

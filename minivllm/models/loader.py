@@ -33,7 +33,7 @@ def load_weights(model: nn.Module, path: str) -> None:
         with safe_open(file, "pt", "cpu") as f:
             for name in f.keys():
                 if "rotary_emb.inv_freq" in name or name.endswith(".input_scale"):
-                    continue  # NOTE: FP8 activations are scaled per token at run time, not by a stored scale
+                    continue  # FP8 activations are scaled per token at run time, not by a stored scale
                 if name == "lm_head.weight" and getattr(model, "tie_word_embeddings", False):
                     continue
                 if (kv := _kv_scale_target(name)) is not None:  # a per-layer FP8 KV cache scale

@@ -84,7 +84,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """NOTE: with a ``tp_group``, o_proj and down_proj return partial sums and the norm that reads each
+    """With a ``tp_group``, o_proj and down_proj return partial sums and the norm that reads each
     (this layer's post-attention norm, the next layer's input norm or the final norm, all given a
     residual) sums them, in one kernel with the add and the norm for decode-sized batches."""
 
@@ -98,7 +98,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused, tp_group)
 
     def forward(self, positions, x, residual, meta):
-        # NOTE: with FP8 layers the norms may hand their GEMMs FP8 rows (``input_quant``)
+        # with FP8 layers the norms may hand their GEMMs FP8 rows (``input_quant``)
         if residual is None:
             x, residual = self.input_layernorm(x, quant=self.self_attn.qkv_proj.input_quant(x)), x
         else:

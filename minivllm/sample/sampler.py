@@ -36,11 +36,12 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
    generator, seeded from ``(seed, len(output_b))``, so the token depends only on the request
    (never on the batch it is in or on preemption / recompute); the other rows share one batch
    generator (``metadata.generator``, default: torch's global RNG of that device).
-   **Fused path** (``Sampler(fused=True)``: where Triton kernels run, see ``DeviceConfig``; 0.42 vs
-   0.92 ms for 256 temperature rows on an H100) for batches without top-k / top-p /
-   min-p: steps 5 and 9 become one Triton pass, ``token = argmax(l / T + G)`` with Gumbel noise
-   ``G = -log(-log U)`` from Philox keyed by the row's seed (the same distribution, other draws;
-   seeded rows use the key ``(seed, len(output_b))``, others a key from the batch generator).
+   **Fused path** (``Sampler(fused=True)``: where Triton kernels run, see ``DeviceConfig``; faster than
+   the unfused steps, see docs/performance-notes.md and ``benchmarks/kernels/sampler.py --fused``) for
+   batches without top-k / top-p / min-p: steps 5 and 9 become one Triton pass,
+   ``token = argmax(l / T + G)`` with Gumbel noise ``G = -log(-log U)`` from Philox keyed by the row's
+   seed (the same distribution, other draws; seeded rows use the key ``(seed, len(output_b))``, others a
+   key from the batch generator).
    With tensor parallelism such steps can sample each rank's vocabulary slice where it lies
    (``minivllm.sample.sharded``; the same tokens).
 

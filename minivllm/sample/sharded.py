@@ -63,7 +63,7 @@ class ShardedSampler:
     def __init__(self, head, device: torch.device):
         self.group = head.tp_group
         self.vocab_start = head.vocab_start  # global id of the slice's first column
-        self.vocab_size = head.num_embeddings  # NOTE: ids beyond it are the last slice's zero padding
+        self.vocab_size = head.num_embeddings  # ids beyond it are the last slice's zero padding
         self.device = device
 
     def __call__(self, logits: torch.Tensor, temperatures: np.ndarray, seeded: list[tuple[int, int]] = (),
@@ -85,5 +85,5 @@ class ShardedSampler:
             self.group.broadcast(keys, src=0)
             temps = _to_device(temperatures, torch.float32, self.device)  # [rows]
         pair = gumbel_sample_shard(logits, keys, temps, self.vocab_start, self.vocab_size)  # [rows, 2] float64
-        parts = self.group.gather(pair, dst=0)  # NOTE: outside any CUDA graph, as the logits gather
+        parts = self.group.gather(pair, dst=0)  # outside any CUDA graph, as the logits gather
         return None if parts is None else pick_across_shards(parts)

@@ -21,7 +21,7 @@ from minivllm.sampling_params import SamplingParams
 def _import_ray():
     try:
         import ray
-    except ImportError as e:  # NOTE: an optional dependency (pip install minivllm[ray])
+    except ImportError as e:
         raise ImportError("data_parallel_size > 1 runs its replicas on Ray: pip install 'minivllm[ray]'") from e
     return ray
 
@@ -77,7 +77,7 @@ class DataParallelEngine:
         self._replicas = []
         self._finalizer = weakref.finalize(self, _shutdown, self._replicas, self._owns_ray)
         available = ray.cluster_resources().get("GPU", 0)
-        if gpus and available < gpus * data_parallel_size:  # NOTE: Ray would wait for them forever
+        if gpus and available < gpus * data_parallel_size:  # Ray would wait for them forever
             self.close()
             raise ValueError(f"data_parallel_size {data_parallel_size} x {gpus:g} GPUs a replica needs "
                              f"{gpus * data_parallel_size:g} GPUs; the Ray cluster has {available:g}")
@@ -97,7 +97,7 @@ class DataParallelEngine:
         ray = _import_ray()
         try:
             return ray.get(refs)
-        except ray.exceptions.RayTaskError as e:  # NOTE: the replica's own exception (a ValueError naming the field)
+        except ray.exceptions.RayTaskError as e:  # the replica's own exception (a ValueError naming the field)
             raise e.as_instanceof_cause() from None
 
     def run_batch(self, prompts: list, params: list[SamplingParams], use_tqdm: bool = False) -> list[RequestOutput]:
@@ -112,7 +112,7 @@ class DataParallelEngine:
             try:
                 outs.extend(self._get(ref))
             except _import_ray().exceptions.RayActorError:
-                # NOTE: the replica died (Ray restarts it): its shard runs once more on the next replica, since
+                # the replica died (Ray restarts it): its shard runs once more on the next replica, since
                 # nothing of it was returned; a second death is an error
                 try:
                     outs.extend(self._get(call((i + 1) % len(self._replicas), lo, hi)))
@@ -140,7 +140,7 @@ def _shutdown(replicas: list, owns_ray: bool) -> None:
     for r in replicas:
         try:
             ray.get(r.close.remote(), timeout=60)
-        except Exception:  # NOTE: a replica that died or hangs is killed below all the same
+        except Exception:  # a replica that died or hangs is killed below all the same
             pass
         ray.kill(r)
     replicas.clear()

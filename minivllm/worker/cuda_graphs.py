@@ -10,8 +10,8 @@ from minivllm.layers.attention_metadata import AttentionMetadata
 from minivllm.worker.input_batch import StepInputs
 
 #: decode graphs of these sizes capture their GEMMs with torch's cuBLASLt backend: faster than the default
-#: cuBLAS path at 32-96 rows on an H200 (up to 11% a layer at TP=2 shapes), equal at 128, slower at 256; the GEMV
-#: takes up to 16 rows (docs/performance-notes.md)
+#: cuBLAS path at 32-96 rows, equal at 128, slower at 256; the GEMV takes up to 16 rows (figures:
+#: docs/performance-notes.md; per layer: ``benchmarks/kernels/gemv.py --cublaslt --configs none --rows 32``)
 CUBLASLT_ROWS = range(17, 129)
 
 
@@ -96,8 +96,8 @@ class DecodeGraphRunner:
             if pool is None:
                 pool = graph.pool()
             self.graphs[bs] = graph
-            # NOTE: the LM head runs eagerly after a replay; this compiles its Triton kernels for bs rows
-            # now rather than in the first decode steps (~1 s each)
+            # the LM head runs eagerly after a replay; this compiles its Triton kernels for bs rows now
+            # rather than in users' first decode steps (benchmarks/engine/lazy_compiles.py lists late ones)
             self.model.compute_logits(self.outputs[:bs], gather=False)
             torch.cuda.synchronize(self.device)
 
@@ -111,7 +111,7 @@ class DecodeGraphRunner:
         width = inp.block_tables.shape[1]
         k, self.turn = self.turn, self.turn ^ 1
         if self.copied[k] is not None:
-            self.copied[k].synchronize()  # NOTE: normally long done: it was two steps ago
+            self.copied[k].synchronize()  # normally long done: it was two steps ago
         h64 = self.host_i64[k].numpy()
         h64[0, :n], h64[1, :n], h64[2, :n] = inp.input_ids, inp.positions, inp.slot_mapping
         # NOTE: padding rows get token 0 at position 0 and no KV slot; their staging rows may hold

@@ -31,7 +31,7 @@ class StepInputs:
     max_context_len: int
     is_decode: bool
     is_fresh_prefill: bool
-    # NOTE: asynchronous scheduling: input_ids[prev_token_index[i]] is a placeholder whose value
+    # asynchronous scheduling: input_ids[prev_token_index[i]] is a placeholder whose value
     # is row prev_token_src[i] of the previous step's sampled-token tensor (on the device).
     prev_token_index: np.ndarray | None = None  # [num_placeholders] int64
     prev_token_src: np.ndarray | None = None  # [num_placeholders] int64
@@ -115,7 +115,7 @@ class InputBatch:
         slot_mapping = self.block_table[token_slots, positions // bs].astype(np.int64) * bs + positions % bs
         context_lens = starts + q_lens
         width = int(self.num_blocks[slots].max()) if num_rows else 0
-        block_tables = self.block_table[slots, :width]  # [rows, width]; NOTE: fancy indexing copies
+        block_tables = self.block_table[slots, :width]  # [rows, width]; fancy indexing copies
         sample_indices = np.fromiter((cu[i + 1] - 1 for i, r in enumerate(rows) if r.sampled), dtype=np.int64)
         ph = [(cu[i], r.prev_sampled_row) for i, r in enumerate(rows) if r.prev_sampled_row >= 0]
         prompt_index: list[int] = []

@@ -54,7 +54,7 @@ def cpu_num_blocks(budget_gib: float, block_nbytes: int, max_useful: int) -> int
 def gpu_num_blocks(device: torch.device, gpu_memory_utilization: float, block_nbytes: int, max_useful: int) -> int:
     """Blocks of a GPU cache, read from the allocator's statistics right after the profiling forward.
 
-    NOTE: ``gpu_memory_utilization`` is this engine's share of the GPU (vLLM's meaning), so replicas can share
+    ``gpu_memory_utilization`` is this engine's share of the GPU (vLLM's meaning), so replicas can share
     one GPU; the cache must also fit in what is free now, whoever else holds the rest.
     """
     free, total = torch.cuda.mem_get_info(device)

@@ -9,7 +9,7 @@ rows whose tokens are all computed (with the grammar masks filled in between, if
 the same scheduler output: every rank keeps its own batch, so they build the same inputs and take the same
 path (a step may sample each rank's vocabulary slice, see ``minivllm.sample.sharded``).
 
-NOTE: asynchronous scheduling feeds each step's sampled ids to the next step on the device:
+Asynchronous scheduling feeds each step's sampled ids to the next step on the device:
 ``prev_sampled`` holds the newest sampled step's ``[num_sampled]`` int64 token ids (on every rank: rank 0
 broadcasts them when tensor parallel), and ``execute`` writes them over the placeholders listed in
 ``StepInputs.prev_token_index``.
@@ -127,7 +127,7 @@ class ModelRunner:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
             self._profile_run()
-            # NOTE: capped at four times what max_num_seqs full-length sequences can hold (the rest could only
+            # capped at four times what max_num_seqs full-length sequences can hold (the rest could only
             # keep prefix cache): a tiny model on a large GPU would otherwise get millions of blocks
             num_blocks = gpu_num_blocks(self.device, cc.gpu_memory_utilization, nbytes,
                                         4 * sc.max_num_seqs * blocks_per_seq + 1)
@@ -173,7 +173,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden, gather=True)  # [2, vocab] on rank 0, else None
         if logits is None:
             return
-        # NOTE: all-greedy batches take torch.argmax: nothing to compile. The last set loads torch's sort, top-k
+        # all-greedy batches take torch.argmax: nothing to compile. The last set loads torch's sort, top-k
         # and penalty kernels (lazily loaded CUDA modules)
         filtered = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, repetition_penalty=1.1, logprobs=5)
         for params in ([SamplingParams(temperature=0.6), SamplingParams(temperature=0.0)],
@@ -297,7 +297,7 @@ class ModelRunner:
             prompt = prompt_logits(self.model, hidden[self._to_device(inp.prompt_logprob_index)])
         if len(inp.sample_indices) == 0:
             return None, prompt
-        if len(inp.sample_indices) < hidden.shape[0]:  # NOTE: all rows sampled means indices 0..n-1
+        if len(inp.sample_indices) < hidden.shape[0]:  # all rows sampled means indices 0..n-1
             hidden = hidden[self._to_device(inp.sample_indices)]  # [rows, hidden]
         return self.model.compute_logits(hidden, gather=gather), prompt
 

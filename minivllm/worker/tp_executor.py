@@ -187,7 +187,7 @@ class MultiProcExecutor:
             return
         for p in dead:
             p.join(1.0)
-        # NOTE: peers of a dead rank may fail and exit with it; blame a signal-killed one first
+        # peers of a dead rank may fail and exit with it; blame a signal-killed one first
         proc = min(dead, key=lambda p: (p.exitcode is None or p.exitcode >= 0, self.procs.index(p)))
         rank = self.procs.index(proc) + 1
         if proc.exitcode == EXIT_NO_MAIN_GUARD:
@@ -228,9 +228,9 @@ class MultiProcExecutor:
         self._closed = self._closing = True
         if self.runner is not None:
             self.runner.release_graphs()  # NOTE: a monitor aborting NCCL waits for this (see release_graphs)
-        self._wake_w.close()  # NOTE: ends the monitor's wait; it sees _closing and returns
+        self._wake_w.close()  # ends the monitor's wait; it sees _closing and returns
         if self._monitor_thread is not None:
-            self._monitor_thread.join(15.0)  # NOTE: so the monitor cannot report the exits below
+            self._monitor_thread.join(15.0)  # so the monitor cannot report the exits below
         if self._failure is None and any(p.exitcode is None for p in self.procs):
             with suppress(ValueError, BufferError, RuntimeError):
                 self._send(Shutdown(), timeout=_EXIT_TIMEOUT_S)
@@ -252,7 +252,7 @@ class MultiProcExecutor:
             self.group = None
         self._wake_r.close()
         self.acks = []
-        self.signals = []  # NOTE: drops the named semaphores (/dev/shm/sem.mp-*) with the last reference
+        self.signals = []  # drops the named semaphores (/dev/shm/sem.mp-*) with the last reference
         self.shm.close()
         with suppress(FileNotFoundError):
             self.shm.unlink()

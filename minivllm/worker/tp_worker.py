@@ -89,7 +89,7 @@ def worker_main(config: Config, rank: int, init_method: str, shm_name: str, wake
     from minivllm.worker.model_runner import ModelRunner, device_for_rank
 
     shm = SharedMemory(name=shm_name)
-    ready.release()  # NOTE: imports done; the engine now starts rank 0, which opens the rendezvous
+    ready.release()  # imports done; the engine now starts rank 0, which opens the rendezvous
     device = device_for_rank(config, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -116,7 +116,7 @@ def worker_main(config: Config, rank: int, init_method: str, shm_name: str, wake
             runner.release_graphs()
         group.shutdown()
         shm.close()
-    # NOTE: a clean exit skips the interpreter's teardown of CUDA and NCCL state, which can stall
+    # a clean exit skips the interpreter's teardown of CUDA and NCCL state, which can stall
     # (the engine would then wait its exit timeout and terminate the worker)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,9 +1,10 @@
 """The grammar engine: llguidance, behind the few calls the engine makes.
 
-Chosen over xgrammar by measurement (``benchmarks/structured/grammar_engines.py``, a 151,936-token vocabulary,
-the twenty schemas of the tests): a batched fill of 256 rows' masks takes 1.6 ms against 51 ms, a schema
-compiles in 0.5 ms (median) against 8.6 ms, and its slowest single-row fills are 4x shorter. Its one cost, a
-view of the tokenizer built once per engine (~4 s for that vocabulary), is paid off the engine thread.
+Chosen over xgrammar by measurement: it fills a batch's masks and compiles a schema faster, and its slowest
+single-row fills are shorter, which are the costs a step or a new request pays. Its one larger cost, a view of
+the tokenizer built once per engine, is paid off the engine thread. The figures are in
+docs/performance-notes.md ("xgrammar"); ``python benchmarks/structured/grammar_engines.py .bench/bigtok
+--threads 2`` measures them again.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class GuidanceBackend:
             if self._ll_tokenizer is None:
                 import llguidance.hf
 
-                # NOTE: an EOS id the tokenizer lacks (a checkpoint's padded vocabulary) cannot end a grammar
+                # an EOS id the tokenizer lacks (a checkpoint's padded vocabulary) cannot end a grammar
                 eos = [t for t in self.eos_token_ids if t < len(self.hf_tokenizer)]
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(
                     self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=eos or None)
@@ -70,7 +71,7 @@ class GuidanceBackend:
         if kind == "regex":
             return M.grammar_from_regex(so.regex)
         if kind == "choice":
-            # NOTE: a JSON string literal is a Lark string literal: quotes and newlines stay escaped
+            # a JSON string literal is a Lark string literal: quotes and newlines stay escaped
             import json
 
             return M.grammar_from_lark("start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in so.choice))

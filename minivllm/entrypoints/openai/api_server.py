@@ -94,7 +94,7 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
 
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
-    # NOTE: the expected errors by class (Starlette re-raises what only the catch-all Exception handler took,
+    # the expected errors by class (Starlette re-raises what only the catch-all Exception handler took,
     # for the server to log as a crash, and closes the connection)
     for cls in (APIError, ValueError, EngineNotReadyError, EngineDeadError, EngineOverloadedError, Exception):
         app.add_exception_handler(cls, on_error)

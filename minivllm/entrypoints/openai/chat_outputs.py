@@ -38,7 +38,7 @@ class ChatOutputReader:
         self.named = tool_choice.function.name if isinstance(tool_choice, NamedToolChoice) else None
         self.required = tool_choice == "required"
         self.tool_parser = TOOL_PARSERS[tool_parser]() if tool_choice == "auto" and tool_parser else None
-        # NOTE: a forced call's grammar starts at the first token: there is no reasoning to split off
+        # a forced call's grammar starts at the first token: there is no reasoning to split off
         forced = self.named is not None or self.required
         self.reasoning = REASONING_PARSERS[reasoning_parser]() if reasoning_parser and not forced else None
         # what the prompt decided: a template may open the think block itself, or close it (thinking off)

@@ -96,7 +96,7 @@ class _GuardedH11Protocol(H11Protocol):
             if self._deadline is None:
                 self._deadline = self.loop.call_later(self.request_timeout_s, self._timed_out)
         elif self.conn.their_state is not h11.IDLE:
-            self._cancel_deadline()  # NOTE: the whole request is here; the response may take its time
+            self._cancel_deadline()  # the whole request is here; the response may take its time
 
     def connection_lost(self, exc) -> None:
         self._cancel_deadline()

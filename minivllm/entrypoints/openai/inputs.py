@@ -60,7 +60,7 @@ class Tokenization:
 
     def __init__(self, tokenizer, max_model_len: int):
         self.tokenizer, self.max_model_len = tokenizer, max_model_len
-        # NOTE: byte-level BPE and SentencePiece tokens decode to at most as many characters as their vocabulary
+        # byte-level BPE and SentencePiece tokens decode to at most as many characters as their vocabulary
         # entry has; added tokens are their text
         self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) if tokenizer else 1
 
@@ -104,7 +104,7 @@ class Tokenization:
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         """Token ids to text (ids outside the tokenizer's vocabulary are dropped)."""
-        if len(token_ids) < 256:  # NOTE: short ones cost less than a thread
+        if len(token_ids) < 256:  # short ones cost less than a thread
             return self.decode_now(token_ids, skip_special_tokens)
         return await asyncio.to_thread(self.decode_now, token_ids, skip_special_tokens)
 

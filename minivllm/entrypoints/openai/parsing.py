@@ -52,7 +52,7 @@ def _loads(body: bytes):
 
 def _parse(body: bytes, model: type[M]) -> M:
     data = _loads(body)
-    if b"\\ud" in body or b"\\uD" in body:  # NOTE: only an escape can make a lone surrogate: skip the walk
+    if b"\\ud" in body or b"\\uD" in body:  # only an escape can make a lone surrogate: skip the walk
         check_text(data)
     try:
         return model.model_validate(data)

@@ -156,8 +156,8 @@ class SamplingRequest(BaseModel):
 class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``: prompt as text, texts, token ids or lists of token ids."""
 
-    # NOTE: tried left to right, strict ints first: a list of a million ids validates in milliseconds, and a
-    # list of digit strings stays text
+    # tried left to right, strict ints first: a long list of ids validates quickly, and a list of digit
+    # strings stays text
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]] = Field(union_mode="left_to_right")
     max_tokens: int | None = 16
     echo: bool = False

@@ -44,7 +44,7 @@ class _BlankHeld:
         if self._open:
             return text
         if not self._held and self._drop:
-            text = text.lstrip(self._drop)  # NOTE: only before the part's first kept character
+            text = text.lstrip(self._drop)  # only before the part's first kept character
         self._held += text
         if not self._held or self._held.isspace():
             return ""

@@ -49,7 +49,7 @@ class ChatServing(ServingBase):
             max_tokens = max(1, self.llm.model_info().max_model_len - len(ids))
         params = req.to_sampling_params(max_tokens, k, structured_outputs=so)
         await self.prepare_grammar(so, field)
-        # NOTE: echo repeats the last message when it is the assistant's (the role that is generated), as vLLM
+        # echo repeats the last message when it is the assistant's (the role that is generated), as vLLM
         last = req.messages[-1]
         echo = last.to_template()["content"] if req.echo and last.role == "assistant" else ""
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -98,7 +98,7 @@ class ChatServing(ServingBase):
             delta = st.feed(text) if text else None
             if c.finished:
                 last = st.finish()
-                if delta is not None and last is not None:  # NOTE: two chunks, so no call index repeats in one
+                if delta is not None and last is not None:  # two chunks, so no call index repeats in one
                     yield chunk(R.ChatChunkChoice(index=c.index, delta=delta, logprobs=lp, token_ids=ids_now))
                     delta, lp, ids_now = last, None, [] if ids_now is not None else None
                 else:

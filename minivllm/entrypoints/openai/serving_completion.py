@@ -29,7 +29,7 @@ class CompletionServing(ServingBase):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise APIError(400, "prompt must not be empty", param="prompt")
         self.limits.check(req, req.logprobs, "logprobs")
-        # NOTE: echo with logprobs scores the prompt too: prompt logprobs with the same number of alternatives
+        # echo with logprobs scores the prompt too: prompt logprobs with the same number of alternatives
         prompt_k = req.prompt_logprobs
         if req.echo and req.logprobs is not None:
             prompt_k = max(req.logprobs, prompt_k or 0)

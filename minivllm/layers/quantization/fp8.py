@@ -73,7 +73,7 @@ class Fp8LinearMethod:
             layer.weight_loader(param.data.view(-1, 1), loaded.view(-1, 1), *shard)
             return
         b0, b1 = block
-        # NOTE: the scale is spread over the weight's rows (or columns), cut by the weight's own loader, and
+        # the scale is spread over the weight's rows (or columns), cut by the weight's own loader, and
         # gathered back; the spread starts from the scale loaded so far (q, k and v arrive one by one)
         if layer.tp_dim == 1:
             tmp = param.data.repeat_interleave(b1, 1)
@@ -112,7 +112,7 @@ class Fp8LinearMethod:
         from minivllm.kernels.gemv_config import gemv_takes
 
         if gemv_takes(rows, layer.weight.numel()) or self._global_scale_needed(layer):
-            return None  # NOTE: the GEMV reads unquantized rows; a TP row-parallel input needs the ranks' amax
+            return None  # the GEMV reads unquantized rows; a TP row-parallel input needs the ranks' amax
         return 0
 
     @staticmethod
@@ -132,7 +132,7 @@ class Fp8LinearMethod:
     def apply(self, layer: nn.Module, x: torch.Tensor | Fp8Activation, bias: torch.Tensor | None) -> torch.Tensor:
         """``x @ W^T + bias`` with the layer's FP8 weight; ``x`` may come quantized (:meth:`input_quant`).
 
-        NOTE: on the CPU a row-parallel layer at TP > 1 returns its partial sum in float64, and the all-reduce
+        On the CPU a row-parallel layer at TP > 1 returns its partial sum in float64, and the all-reduce
         that sums the ranks rounds it to the model's dtype after: TP=N then gives TP=1's values.
         """
         block = self.config.weight_block
@@ -145,7 +145,7 @@ class Fp8LinearMethod:
             return y.view(*x.shape[:-1], -1)
         from minivllm.kernels.gemv_config import use_gemv
 
-        if block is None and use_gemv(x2, layer.weight):  # NOTE: decoding few rows reads the weights: FP8 halves the bytes
+        if block is None and use_gemv(x2, layer.weight):  # decoding few rows reads the weights: FP8 halves the bytes
             from minivllm.kernels.gemv import gemv
 
             return gemv(x2, layer.weight, bias, w_scale=layer.weight_scale).view(*x.shape[:-1], -1)

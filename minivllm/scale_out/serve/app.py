@@ -72,7 +72,7 @@ def build_serve_app(model: str, engine_kwargs: dict, server: ServerConfig):
     name = server.served_model_name or model
     replica_kwargs = {**engine_kwargs, "data_parallel_size": 1}
     engines = engine.bind(model, replica_kwargs, name, server.max_num_waiting, board)
-    front_config = ServerConfig(**{**vars(server), "root_path": None})  # NOTE: Serve's route_prefix mounts it
+    front_config = ServerConfig(**{**vars(server), "root_path": None})  # Serve's route_prefix mounts it
     return front.bind(engines, board, model, name, front_config, config.structured_outputs_config)
 
 
@@ -91,7 +91,7 @@ def builder_argv(args: dict) -> list[str]:
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool) or str(value).lower() in ("true", "false"):
             on = value if isinstance(value, bool) else str(value).lower() == "true"
-            if on or off_by_default.get(name) is not False:  # NOTE: a switch off by default has no --no- form
+            if on or off_by_default.get(name) is not False:  # a switch off by default has no --no- form
                 argv.append(flag if on else "--no-" + flag[2:])
         else:
             for v in value if isinstance(value, list) else [value]:
@@ -107,7 +107,7 @@ def app_builder(args: dict):
 
     try:
         ns = serve_parser().parse_args(builder_argv(args))
-    except SystemExit:  # NOTE: argparse printed which argument, to stderr
+    except SystemExit:  # argparse printed which argument, to stderr
         raise ValueError(f"app_builder: bad arguments {sorted(args)} (see the message above)") from None
     return build_serve_app(ns.model, engine_kwargs(ns), ServerConfig.from_args(ns))
 
@@ -134,7 +134,7 @@ def run_ray_server(model: str, engine_kwargs: dict, server: ServerConfig) -> int
         logger.info("serving %s on http://%s:%d through Ray Serve", server.served_model_name or model,
                     server.host, server.port)
         stop.wait()
-    except RuntimeError as exc:  # NOTE: Serve gave up deploying (a replica's engine could not be built)
+    except RuntimeError as exc:  # Serve gave up deploying (a replica's engine could not be built)
         logger.error("the replicas could not start: %s", exc)
         return 1
     finally:

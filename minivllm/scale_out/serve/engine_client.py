@@ -32,7 +32,7 @@ class ReplicaEngineClient:
     def __init__(self, engines, model: str, structured_outputs_config=None, on_retry=lambda: None):
         self.engines, self.model = engines, model
         self.front_id = uuid.uuid4().hex
-        self.stat_loggers: list[StatLogger] = []  # NOTE: never called: the replicas post their engine's metrics
+        self.stat_loggers: list[StatLogger] = []  # never called: the replicas post their engine's metrics
         self._streams: dict[str, ReplicaStream] = {}
         self._channels: dict[str, asyncio.Task] = {}
         self._so_config, self.on_retry = structured_outputs_config, on_retry
@@ -122,7 +122,7 @@ class ReplicaEngineClient:
                           request_id: str | None = None) -> ReplicaStream:
         """Send a request to a replica; returns its stream once the replica accepted it."""
         self.check_usable()
-        if isinstance(prompt, str) and self._tokenizer is not None:  # NOTE: token ids, for prefix affinity
+        if isinstance(prompt, str) and self._tokenizer is not None:  # token ids, for prefix affinity
             prompt = await asyncio.to_thread(self._tokenizer.encode, prompt)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
@@ -161,7 +161,7 @@ class ReplicaEngineClient:
         except asyncio.CancelledError:
             call.cancel()
             raise
-        except BaseException as exc:  # NOTE: the replica died or shut down: its requests' own calls say so too
+        except BaseException as exc:  # the replica died or shut down: its requests' own calls say so too
             if not isinstance(exc, StopAsyncIteration):
                 error = unwrap(exc)
             call.cancel()

@@ -23,7 +23,7 @@ class OpenAIFront:
         self.metrics = FrontMetrics(served_model_name)
         self.client = ReplicaEngineClient(engines, model, structured_outputs_config, self.metrics.retries.inc)
         self._app = build_app(self.client, served_model_name, server_config, metrics=self.render_metrics)
-        await self.client.load()  # NOTE: the replicas are up by then: Serve reports the app running once it can serve
+        await self.client.load()  # the replicas are up by then: Serve reports the app running once it can serve
 
     async def render_metrics(self) -> bytes:
         """The replicas' metrics from the board, and the front's."""

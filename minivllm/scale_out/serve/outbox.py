@@ -78,7 +78,7 @@ class ChannelLLM(AsyncLLM):
             if out.finished:
                 rs = self._streams.pop(out.request_id, None)
                 if rs is not None:
-                    rs.finished = True  # NOTE: its outputs went to the outbox; nobody reads the stream itself
+                    rs.finished = True  # its outputs went to the outbox; nobody reads the stream itself
                 self._end(out.request_id)
         if rest:
             super()._dispatch(rest)

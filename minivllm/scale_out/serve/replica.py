@@ -52,7 +52,7 @@ class EngineReplica:
         self.llm = ChannelLLM.from_model(model, stat_loggers=[self.stats], max_num_waiting=max_num_waiting,
                                        **engine_kwargs)
         self.llm.start()
-        await self.llm.wait_ready()  # NOTE: Serve routes to a replica once its constructor returned
+        await self.llm.wait_ready()  # Serve routes to a replica once its constructor returned
         self._board, self._interval = board, metrics_interval_s
         self._poster = asyncio.create_task(self._post_metrics()) if board is not None else None
 
@@ -70,7 +70,7 @@ class EngineReplica:
         try:
             await ended
         finally:
-            if not ended.done():  # NOTE: the front cancelled the call
+            if not ended.done():  # the front cancelled the call
                 self.llm.forget(rid)
 
     async def outputs(self, channel: Channel) -> AsyncIterator[list[RequestOutput | RequestFailed]]:
@@ -103,7 +103,7 @@ class EngineReplica:
         while True:
             try:
                 await self._board.post.remote(*self.metrics())
-            except Exception:  # NOTE: the board is being replaced: the next post reaches its successor
+            except Exception:  # the board is being replaced: the next post reaches its successor
                 pass
             await asyncio.sleep(self._interval)
 

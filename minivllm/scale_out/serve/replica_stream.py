@@ -56,7 +56,7 @@ class ReplicaStream:
             self._call = self._client.engines.options(stream=True).generate.remote(self.request,
                                                                                    self._client.front_id)
             try:
-                self.replica = await self._next()  # NOTE: the replica's id: it accepted the request
+                self.replica = await self._next()  # the replica's id: it accepted the request
                 break
             except BaseException as exc:
                 if not self._retry(exc):
@@ -81,7 +81,7 @@ class ReplicaStream:
             while True:
                 await self._next()
         except StopAsyncIteration:
-            await asyncio.sleep(_FINAL_GRACE_S)  # NOTE: the final output may still be on the channel
+            await asyncio.sleep(_FINAL_GRACE_S)  # the final output may still be on the channel
             if not self.finished:
                 self.on_lost(ReplicaDiedError(f"request {self.request_id}: its replica ended it without a result"))
         except asyncio.CancelledError:

@@ -47,7 +47,7 @@ class PrefixAwareRouter(FIFOMixin, RequestRouter):
         """Ranks of replicas for one request: its prefix's replica first when the load allows, else all."""
         candidates = list(candidate_replicas)
         channel = next((a for a in pending_request.args if isinstance(a, Channel)), None) if pending_request else None
-        if channel is not None:  # NOTE: a front's channel goes to its replica, or waits until the front gives up
+        if channel is not None:  # a front's channel goes to its replica, or waits until the front gives up
             return [[r for r in candidates if r.replica_id.unique_id == channel.replica_id]]
         self._rng.shuffle(candidates)
         request = _request_of(pending_request)

@@ -2,7 +2,7 @@
 recognizing its head early (so a stream can send the name before the arguments are complete) and parsing a
 whole call object.
 
-NOTE: a stream commits to a call when ``match_call_head`` says MATCHED, that is once the name is complete and
+A stream commits to a call when ``match_call_head`` says MATCHED, that is once the name is complete and
 the arguments value is known to be an object (its ``{`` is seen), a few characters after the name; earlier,
 the call could still turn out malformed (arguments not an object) and a sent name cannot be taken back.
 """
@@ -94,7 +94,7 @@ def loads_object(text: str) -> dict | None:
     """``text`` parsed as a JSON object, or ``None`` when it is not one (``NaN`` / ``Infinity`` refused)."""
     try:
         value = json.loads(text, parse_constant=_no_constant)
-    except (ValueError, RecursionError):  # NOTE: RecursionError: absurdly deep nesting in model output
+    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting in model output
         return None
     return value if isinstance(value, dict) else None
 

@@ -16,7 +16,7 @@ Rules (the same for ``extract`` and the streamer):
   malformed and its raw text, tags included, stays in the content (other blocks are still calls).
 * Content is the text outside calls, ``.strip()``-ed, ``None`` when empty.
 
-NOTE: a committed call whose arguments are cut off or invalid JSON is in neither the calls nor the content
+A committed call whose arguments are cut off or invalid JSON is in neither the calls nor the content
 of ``extract``; a stream has already sent its name and raw fragments (whose join does not parse as a JSON
 object). It is the one place where stream and ``extract`` differ, and it cannot be otherwise without
 holding every call back until it is complete.
@@ -158,7 +158,7 @@ class HermesToolStreamer(BufferedStreamer):
                         self._buf, self._state, self._args = self._buf[head.args_start:], _ARGS, JsonScanner()
                         continue
                     if head.state == FAILED:
-                        self._state = _HOLD  # NOTE: no re-matching: FAILED is final (CallHead is monotone)
+                        self._state = _HOLD  # no re-matching: FAILED is final (CallHead is monotone)
                 if m is None:
                     return
                 self._resolve(self._buf[:m.start()], closed=m.group() == CLOSE)

@@ -55,7 +55,7 @@ class JsonScanner:
                 i += 1
                 continue
             c = text[i]
-            if not self._stack and c not in _CLOSER:  # NOTE: the value must start with its opening bracket
+            if not self._stack and c not in _CLOSER:  # the value must start with its opening bracket
                 self.broken = True
                 return i
             if c == '"':

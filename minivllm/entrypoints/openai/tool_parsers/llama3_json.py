@@ -14,7 +14,7 @@ Rules (the same for ``extract`` and the streamer):
 * What follows the objects (text that is not ``;``, whitespace or another ``{``), or an uncommitted object
   that breaks (a character no JSON can have there) or is cut off, makes the rest of the output content.
 
-NOTE: as for Hermes, a committed call cut off or with invalid arguments JSON is in neither the calls nor the
+As for Hermes, a committed call cut off or with invalid arguments JSON is in neither the calls nor the
 content of ``extract``, while a stream has already sent its name and raw fragments.
 """
 
@@ -134,7 +134,7 @@ class Llama3JsonToolStreamer(BufferedStreamer):
         rest = self._buf.lstrip()
         if rest.startswith(TAG):
             rest = rest[len(TAG):].lstrip()
-        elif TAG.startswith(rest):  # NOTE: also true of an empty rest (only whitespace so far)
+        elif TAG.startswith(rest):  # also true of an empty rest (only whitespace so far)
             return False
         if not rest:
             return False
