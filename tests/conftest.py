@@ -1,88 +1,31 @@
-"""Shared fixtures: tiny Qwen3 checkpoints (seeded random weights, a trained BPE tokenizer)."""
+"""Shared fixtures: tiny Qwen3 checkpoints (tests/helpers/checkpoints.py: seeded random weights, a trained BPE
+tokenizer)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+# NOTE: processes the tests start import this checkout's minivllm too (pytest's `pythonpath` in pyproject.toml
+# puts it first on this process's sys.path, not on theirs), not an installed or editable one from elsewhere
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != str(ROOT):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+try:
+    import torch
+
+    CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover
+    CUDA = False
 # NOTE: Triton reads TRITON_INTERPRET when a kernel is defined, so it must be set before any
 # minivllm.kernels module is imported. Without a GPU the kernels run in the interpreter.
-if os.environ.get("TRITON_INTERPRET") is None:
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ["TRITON_INTERPRET"] = "1"
-    except ImportError:  # pragma: no cover
-        pass
-
-import json  # noqa: E402
-import sysconfig  # noqa: E402
-from pathlib import Path  # noqa: E402
+if os.environ.get("TRITON_INTERPRET") is None and not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 
-# Tiny Qwen3 shapes the tests use. "vocab_extra" makes the model's vocabulary larger than the
-# tokenizer's, as in real Qwen3 checkpoints (151,936 vs 151,669).
-TINY_SHAPES = {
-    "tied": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
-    "untied": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
-                   num_key_value_heads=1, head_dim=32, tie_word_embeddings=False),
-}
-TOKENIZER_VOCAB = 384
-MODEL_VOCAB = 448
-
-
-def _training_text() -> list[str]:
-    """A few stdlib sources: text every machine has, so the tokenizer is reproducible."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts = []
-    for name in ("textwrap.py", "string.py", "bisect.py", "heapq.py", "fnmatch.py"):
-        p = stdlib / name
-        if p.exists():
-            texts.append(p.read_text(encoding="utf-8"))
-    texts.append("héllo wörld — naïve café ✓ 你好世界 🙂🚀\n" * 20)
-    return texts
-
-
-def build_tokenizer(out_dir: Path, vocab_size: int = TOKENIZER_VOCAB):
-    """Train a byte-level BPE tokenizer and save it as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_training_text(), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    fast.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    fast.save_pretrained(out_dir)
-    return fast
-
-
-def build_checkpoint(out_dir: Path, shape: str = "tied", seed: int = 0, initializer_range: float = 0.5,
-                     dtype: str = "float32", max_position_embeddings: int = 1024, **overrides) -> Path:
-    """A seeded random Qwen3 checkpoint saved with ``save_pretrained``, plus the tiny tokenizer.
-
-    ``overrides``: Qwen3Config fields over the shape's (``vocab_size`` too: default ``MODEL_VOCAB``)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out_dir)
-    kw = dict(TINY_SHAPES[shape], vocab_size=MODEL_VOCAB)
-    kw.update(overrides)
-    cfg = Qwen3Config(max_position_embeddings=max_position_embeddings,
-                      initializer_range=initializer_range, rms_norm_eps=1e-6, rope_theta=10000.0,
-                      eos_token_id=tok.eos_token_id, bos_token_id=None, pad_token_id=tok.pad_token_id, **kw)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg).to(getattr(torch, dtype))
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
+from tests.helpers.checkpoints import build_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -100,13 +43,9 @@ def tiny_model(request, tiny_tied_model, tiny_untied_model) -> str:
     return tiny_tied_model if request.param == "tied" else tiny_untied_model
 
 
-def read_config(path: str) -> dict:
-    return json.loads((Path(path) / "config.json").read_text())
-
-
 def pytest_terminal_summary(terminalreporter, config):
     """The server stress suite's figures (tests/test_server_stress.py), when it ran."""
-    from stress_report import REPORT
+    from tests.helpers.stress_report import REPORT
 
     lines = config.stash.get(REPORT, None)
     if lines:

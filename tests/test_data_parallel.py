@@ -10,7 +10,7 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.data_parallel import shard_bounds
-from tests.ray_utils import ray_processes
+from tests.helpers.ray_utils import ray_processes
 
 DEMO = str(Path(__file__).resolve().parents[1] / "models" / "minivllm-demo-py")
 KW = dict(device="cpu", dtype="float32", max_model_len=256)

@@ -15,9 +15,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 from minivllm.kernels.fp8_block_gemm import fp8_block_gemm, fp8_gemm_config, quantize_fp8_per_group  # noqa: E402
 from minivllm.kernels.reference import fp8_gemm_ref, fp8_linear_ref, quantize_fp8_ref, quantize_weight_fp8_ref  # noqa: E402
+from tests.helpers.kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 
 pytestmark = pytest.mark.triton
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -12,7 +12,7 @@ from minivllm.layers.logits_processors import apply_penalties
 from minivllm.layers.sampler import Sampler
 from minivllm.layers.sampling_metadata import build_sampling_metadata
 from minivllm.sampling_params import SamplingParams
-from sampler_reference import filtered_probs
+from tests.helpers.sampler_reference import filtered_probs
 
 V = 50
 EOS = [7, 11]

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from minivllm import LLM, SamplingParams
-from server_utils import running_server
+from tests.helpers.server_utils import running_server
 
 pytestmark = pytest.mark.server
 KEYS = ("key-one", "key-two")

@@ -29,8 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_utils import running_server
-from stress_report import REPORT
+from tests.helpers.server_utils import running_server
+from tests.helpers.stress_report import REPORT
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 KEY = "stress-key"
@@ -65,7 +65,7 @@ def _small_request_s(url: str) -> float:
     return time.perf_counter() - t0
 
 
-ATTACKER = Path(__file__).with_name("stress_attacker.py")
+ATTACKER = Path(__file__).parent / "helpers" / "stress_attacker.py"
 
 
 @pytest.mark.parametrize("attack", ["10 MB body at once", "slow 10 MB upload", "half-open connection"])

@@ -11,7 +11,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.layers.sampler import Sampler
 from minivllm.layers.sampling_metadata import build_sampling_metadata
-from sampler_reference import filtered_probs
+from tests.helpers.sampler_reference import filtered_probs
 
 V = 50
 

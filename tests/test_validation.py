@@ -8,7 +8,6 @@ import sys
 import pytest
 import torch
 
-from conftest import read_config
 from minivllm import LLM, SamplingParams
 from minivllm.config import (
     ArchConfig,
@@ -20,6 +19,7 @@ from minivllm.config import (
     SchedulerConfig,
 )
 from minivllm.config.hf import arch_from_dict, load_arch
+from tests.helpers.checkpoints import read_config
 
 OK = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 

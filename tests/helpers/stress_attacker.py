@@ -1,7 +1,7 @@
 """One attacking client for tests/test_server_stress.py, run as its own process so that its work on the client
 side (building and sending 10 MB) does not share a GIL with the client whose latency is measured.
 
-Usage: ``python tests/stress_attacker.py ATTACK URL KEY``. It attacks until its stdin is closed, then prints the
+Usage: ``python tests/helpers/stress_attacker.py ATTACK URL KEY``. It attacks until its stdin is closed, then prints the
 outcomes it saw as one JSON object ({outcome: count}).
 """
 
