@@ -1,9 +1,10 @@
-"""Shared fixtures: tiny Qwen3 checkpoints (tests/helpers/checkpoints.py: seeded random weights, a trained BPE
-tokenizer)."""
+"""Shared fixtures (tiny Qwen3 checkpoints: tests/helpers/checkpoints.py) and the suite's rules: without a CUDA
+device the GPU tier is deselected, and a skip outside ``ALLOWED_SKIPS`` fails the run."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def tiny_model(request, tiny_tied_model, tiny_untied_model) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """The server stress suite's figures (tests/test_server_stress.py), when it ran."""
+    """The server stress suite's figures (tests/test_server_stress.py), when it ran; the skips that fail the run."""
     from tests.helpers.stress_report import REPORT
 
     lines = config.stash.get(REPORT, None)
@@ -52,3 +53,71 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_sep("=", "server stress figures (docs/reliability.md)")
         for line in lines:
             terminalreporter.write_line(line)
+    if bad := unlisted_skips(_SKIPPED):
+        terminalreporter.write_sep("=", f"{len(bad)} skipped outside the allowlist (tests/conftest.py "
+                                        f"ALLOWED_SKIPS): the run fails", red=True)
+        for nodeid, reason in bad:
+            terminalreporter.write_line(f"{nodeid}: {reason}")
+
+
+# ------------------------------------------------------------------ the GPU tier and skips
+
+GPU_DIR = ROOT / "tests" / "gpu"
+
+#: The skips a run may have: a regular expression that matches the whole skip reason -> why that skip is fine.
+#: Any other skip fails the run (``pytest_sessionfinish``), so that a test that silently stops running (a module
+#: or a file gone missing) is seen. On a machine without CUDA (CI) nothing may skip: the GPU tier is deselected.
+ALLOWED_SKIPS: dict[str, str] = {}
+#: ... and those allowed only where a CUDA device is present (the whole suite, or tests/gpu, on a GPU machine).
+ALLOWED_SKIPS_WITH_A_GPU: dict[str, str] = {
+    r"needs [2-8] CUDA GPUs":
+        "tensor parallelism, NCCL and the custom all-reduce over 2 or 4 ranks, on a machine with fewer GPUs",
+    r"PDL needs compute capability 9\.0\+": "programmatic dependent launch exists from Hopper (sm_90) on",
+    r"CPU tensors through the Triton interpreter(; .*)?|the Triton interpreter on CPU tensors"
+    r"|the fused kernel runs in Triton's interpreter|the interpreter's own casts":
+        "kernels on CPU tensors in Triton's interpreter, which a GPU machine does not use (TRITON_INTERPRET "
+        "is unset there); tests/gpu checks the same kernels on the GPU",
+    r"checks the no-GPU exit": "benchmarks/tests: a GPU benchmark's clean exit where there is no GPU",
+}
+_SKIPPED: list[tuple[str, str]] = []  # (node id, reason) of each skip of this run
+
+
+def _gpu_tier(item) -> bool:
+    return item.get_closest_marker("gpu") is not None or item.path.is_relative_to(GPU_DIR)
+
+
+def pytest_collection_modifyitems(config, items):
+    """No CUDA device: the GPU tier (tests/gpu/, tests marked ``gpu``) is deselected, so that the summary counts
+    it apart, and the skips left are the ones that mean something."""
+    if CUDA:
+        return
+    gpu = [item for item in items if _gpu_tier(item)]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not _gpu_tier(item)]
+
+
+def _note_skip(report) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):  # NOTE: an xfail is reported as skipped too
+        message = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPPED.append((report.nodeid, message.removeprefix("Skipped: ")))
+
+
+def pytest_runtest_logreport(report):
+    _note_skip(report)
+
+
+def pytest_collectreport(report):
+    _note_skip(report)  # NOTE: a module-level skip (importorskip) skips at collection
+
+
+def unlisted_skips(skips: list[tuple[str, str]], cuda: bool = CUDA) -> list[tuple[str, str]]:
+    """The (node id, reason) of the skips that no entry of the allowlist explains."""
+    allowed = [*ALLOWED_SKIPS, *(ALLOWED_SKIPS_WITH_A_GPU if cuda else ())]
+    return [(nodeid, reason) for nodeid, reason in skips
+            if not any(re.fullmatch(pattern, reason, re.DOTALL) for pattern in allowed)]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if unlisted_skips(_SKIPPED) and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
