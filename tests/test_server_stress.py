@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import select
 import statistics
 import subprocess
 import sys
@@ -68,6 +69,13 @@ def _small_request_s(url: str) -> float:
 ATTACKER = Path(__file__).parent / "helpers" / "stress_attacker.py"
 
 
+def _wait_until_attacking(attacker: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until the attacker says that its first attack is on the wire (a line on its stdout)."""
+    ready, _, _ = select.select([attacker.stdout], [], [], timeout)
+    line = attacker.stdout.readline() if ready else None
+    assert line == "attacking\n", (line, attacker.poll())
+
+
 @pytest.mark.parametrize("attack", ["10 MB body at once", "slow 10 MB upload", "half-open connection"])
 def test_small_requests_are_served_under_attack(server, attack):
     """The figure of merit: a small request's median latency idle, and while one client sends a 10 MB body (the
@@ -79,8 +87,8 @@ def test_small_requests_are_served_under_attack(server, attack):
     idle = statistics.median(_small_request_s(url) for _ in range(20))
     attacker = subprocess.Popen([sys.executable, str(ATTACKER), attack, url, KEY], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
-    time.sleep(1.0)
     try:
+        _wait_until_attacking(attacker)
         loaded = statistics.median(_small_request_s(url) for _ in range(20))
     finally:
         out, _ = attacker.communicate("", timeout=90)  # NOTE: closing its stdin stops it
