@@ -53,7 +53,7 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_sep("=", "server stress figures (docs/reliability.md)")
         for line in lines:
             terminalreporter.write_line(line)
-    if bad := unlisted_skips(_SKIPPED):
+    if bad := _unlisted(config):
         terminalreporter.write_sep("=", f"{len(bad)} skipped outside the allowlist (tests/conftest.py "
                                         f"ALLOWED_SKIPS): the run fails", red=True)
         for nodeid, reason in bad:
@@ -79,7 +79,6 @@ ALLOWED_SKIPS_WITH_A_GPU: dict[str, str] = {
         "is unset there); tests/gpu checks the same kernels on the GPU",
     r"checks the no-GPU exit": "benchmarks/tests: a GPU benchmark's clean exit where there is no GPU",
 }
-_SKIPPED: list[tuple[str, str]] = []  # (node id, reason) of each skip of this run
 
 
 def _gpu_tier(item) -> bool:
@@ -97,18 +96,32 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if not _gpu_tier(item)]
 
 
-def _note_skip(report) -> None:
-    if report.skipped and not hasattr(report, "wasxfail"):  # NOTE: an xfail is reported as skipped too
-        message = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        _SKIPPED.append((report.nodeid, message.removeprefix("Skipped: ")))
+class _Skips:
+    """Every skip of the run, wherever its test is (a conftest's own report hooks hear only of its folder's)."""
+
+    def __init__(self):
+        self.seen: list[tuple[str, str]] = []  # (node id, reason)
+
+    def pytest_runtest_logreport(self, report):
+        self._note(report)
+
+    def pytest_collectreport(self, report):
+        self._note(report)  # NOTE: a module-level skip (importorskip) skips at collection
+
+    def _note(self, report) -> None:
+        if report.skipped and not hasattr(report, "wasxfail"):  # NOTE: an xfail is reported as skipped too
+            message = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            self.seen.append((report.nodeid, message.removeprefix("Skipped: ")))
 
 
-def pytest_runtest_logreport(report):
-    _note_skip(report)
+def pytest_configure(config):
+    if not config.pluginmanager.has_plugin("minivllm-skips"):
+        config.pluginmanager.register(_Skips(), "minivllm-skips")
 
 
-def pytest_collectreport(report):
-    _note_skip(report)  # NOTE: a module-level skip (importorskip) skips at collection
+def _unlisted(config) -> list[tuple[str, str]]:
+    skips = config.pluginmanager.get_plugin("minivllm-skips")
+    return unlisted_skips(skips.seen) if skips else []
 
 
 def unlisted_skips(skips: list[tuple[str, str]], cuda: bool = CUDA) -> list[tuple[str, str]]:
@@ -119,5 +132,5 @@ def unlisted_skips(skips: list[tuple[str, str]], cuda: bool = CUDA) -> list[tupl
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if unlisted_skips(_SKIPPED) and exitstatus == pytest.ExitCode.OK:
+    if _unlisted(session.config) and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
