@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (once), then lint and run the whole test suite on the CPU: the fast tier and the slow tier
-# (GPU tests skip without CUDA; Triton kernels run in Triton's interpreter). What CI runs.
+# (the GPU tier is deselected without CUDA; Triton kernels run in Triton's interpreter; a skip outside the
+# allowlist in tests/conftest.py fails the run). What CI runs.
 #   bash scripts/test.sh [PYTEST ARGS]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,88 +1,32 @@
-"""Shared fixtures: tiny Qwen3 checkpoints (seeded random weights, a trained BPE tokenizer)."""
+"""Shared fixtures (tiny Qwen3 checkpoints: tests/helpers/checkpoints.py) and the suite's rules: without a CUDA
+device the GPU tier is deselected, and a skip outside ``ALLOWED_SKIPS`` fails the run."""
 
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+# NOTE: processes the tests start import this checkout's minivllm too (pytest's `pythonpath` in pyproject.toml
+# puts it first on this process's sys.path, not on theirs), not an installed or editable one from elsewhere
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != str(ROOT):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+try:
+    import torch
+
+    CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover
+    CUDA = False
 # NOTE: Triton reads TRITON_INTERPRET when a kernel is defined, so it must be set before any
 # minivllm.kernels module is imported. Without a GPU the kernels run in the interpreter.
-if os.environ.get("TRITON_INTERPRET") is None:
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ["TRITON_INTERPRET"] = "1"
-    except ImportError:  # pragma: no cover
-        pass
-
-import json  # noqa: E402
-import sysconfig  # noqa: E402
-from pathlib import Path  # noqa: E402
+if os.environ.get("TRITON_INTERPRET") is None and not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 
-# Tiny Qwen3 shapes the tests use. "vocab_extra" makes the model's vocabulary larger than the
-# tokenizer's, as in real Qwen3 checkpoints (151,936 vs 151,669).
-TINY_SHAPES = {
-    "tied": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
-    "untied": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
-                   num_key_value_heads=1, head_dim=32, tie_word_embeddings=False),
-}
-TOKENIZER_VOCAB = 384
-MODEL_VOCAB = 448
-
-
-def _training_text() -> list[str]:
-    """A few stdlib sources: text every machine has, so the tokenizer is reproducible."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    texts = []
-    for name in ("textwrap.py", "string.py", "bisect.py", "heapq.py", "fnmatch.py"):
-        p = stdlib / name
-        if p.exists():
-            texts.append(p.read_text(encoding="utf-8"))
-    texts.append("héllo wörld — naïve café ✓ 你好世界 🙂🚀\n" * 20)
-    return texts
-
-
-def build_tokenizer(out_dir: Path, vocab_size: int = TOKENIZER_VOCAB):
-    """Train a byte-level BPE tokenizer and save it as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_training_text(), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    fast.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    fast.save_pretrained(out_dir)
-    return fast
-
-
-def build_checkpoint(out_dir: Path, shape: str = "tied", seed: int = 0, initializer_range: float = 0.5,
-                     dtype: str = "float32", max_position_embeddings: int = 1024, **overrides) -> Path:
-    """A seeded random Qwen3 checkpoint saved with ``save_pretrained``, plus the tiny tokenizer.
-
-    ``overrides``: Qwen3Config fields over the shape's (``vocab_size`` too: default ``MODEL_VOCAB``)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out_dir)
-    kw = dict(TINY_SHAPES[shape], vocab_size=MODEL_VOCAB)
-    kw.update(overrides)
-    cfg = Qwen3Config(max_position_embeddings=max_position_embeddings,
-                      initializer_range=initializer_range, rms_norm_eps=1e-6, rope_theta=10000.0,
-                      eos_token_id=tok.eos_token_id, bos_token_id=None, pad_token_id=tok.pad_token_id, **kw)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg).to(getattr(torch, dtype))
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
+from tests.helpers.checkpoints import build_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -100,16 +44,93 @@ def tiny_model(request, tiny_tied_model, tiny_untied_model) -> str:
     return tiny_tied_model if request.param == "tied" else tiny_untied_model
 
 
-def read_config(path: str) -> dict:
-    return json.loads((Path(path) / "config.json").read_text())
-
-
 def pytest_terminal_summary(terminalreporter, config):
-    """The server stress suite's figures (tests/test_server_stress.py), when it ran."""
-    from stress_report import REPORT
+    """The server stress suite's figures (tests/test_server_stress.py), when it ran; the skips that fail the run."""
+    from tests.helpers.stress_report import REPORT
 
     lines = config.stash.get(REPORT, None)
     if lines:
         terminalreporter.write_sep("=", "server stress figures (docs/reliability.md)")
         for line in lines:
             terminalreporter.write_line(line)
+    if bad := _unlisted(config):
+        terminalreporter.write_sep("=", f"{len(bad)} skipped outside the allowlist (tests/conftest.py "
+                                        f"ALLOWED_SKIPS): the run fails", red=True)
+        for nodeid, reason in bad:
+            terminalreporter.write_line(f"{nodeid}: {reason}")
+
+
+# ------------------------------------------------------------------ the GPU tier and skips
+
+GPU_DIR = ROOT / "tests" / "gpu"
+
+#: The skips a run may have: a regular expression that matches the whole skip reason -> why that skip is fine.
+#: Any other skip fails the run (``pytest_sessionfinish``), so that a test that silently stops running (a module
+#: or a file gone missing) is seen. On a machine without CUDA (CI) nothing may skip: the GPU tier is deselected.
+ALLOWED_SKIPS: dict[str, str] = {}
+#: ... and those allowed only where a CUDA device is present (the whole suite, or tests/gpu, on a GPU machine).
+ALLOWED_SKIPS_WITH_A_GPU: dict[str, str] = {
+    r"needs [2-8] CUDA GPUs":
+        "tensor parallelism, NCCL and the custom all-reduce over 2 or 4 ranks, on a machine with fewer GPUs",
+    r"PDL needs compute capability 9\.0\+": "programmatic dependent launch exists from Hopper (sm_90) on",
+    r"CPU tensors through the Triton interpreter(; .*)?|the Triton interpreter on CPU tensors"
+    r"|the fused kernel runs in Triton's interpreter|the interpreter's own casts":
+        "kernels on CPU tensors in Triton's interpreter, which a GPU machine does not use (TRITON_INTERPRET "
+        "is unset there); tests/gpu checks the same kernels on the GPU",
+    r"checks the no-GPU exit": "benchmarks/tests: a GPU benchmark's clean exit where there is no GPU",
+}
+
+
+def _gpu_tier(item) -> bool:
+    return item.get_closest_marker("gpu") is not None or item.path.is_relative_to(GPU_DIR)
+
+
+def pytest_collection_modifyitems(config, items):
+    """No CUDA device: the GPU tier (tests/gpu/, tests marked ``gpu``) is deselected, so that the summary counts
+    it apart, and the skips left are the ones that mean something."""
+    if CUDA:
+        return
+    gpu = [item for item in items if _gpu_tier(item)]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not _gpu_tier(item)]
+
+
+class _Skips:
+    """Every skip of the run, wherever its test is (a conftest's own report hooks hear only of its folder's)."""
+
+    def __init__(self):
+        self.seen: list[tuple[str, str]] = []  # (node id, reason)
+
+    def pytest_runtest_logreport(self, report):
+        self._note(report)
+
+    def pytest_collectreport(self, report):
+        self._note(report)  # NOTE: a module-level skip (importorskip) skips at collection
+
+    def _note(self, report) -> None:
+        if report.skipped and not hasattr(report, "wasxfail"):  # NOTE: an xfail is reported as skipped too
+            message = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            self.seen.append((report.nodeid, message.removeprefix("Skipped: ")))
+
+
+def pytest_configure(config):
+    if not config.pluginmanager.has_plugin("minivllm-skips"):
+        config.pluginmanager.register(_Skips(), "minivllm-skips")
+
+
+def _unlisted(config) -> list[tuple[str, str]]:
+    skips = config.pluginmanager.get_plugin("minivllm-skips")
+    return unlisted_skips(skips.seen) if skips else []
+
+
+def unlisted_skips(skips: list[tuple[str, str]], cuda: bool = CUDA) -> list[tuple[str, str]]:
+    """The (node id, reason) of the skips that no entry of the allowlist explains."""
+    allowed = [*ALLOWED_SKIPS, *(ALLOWED_SKIPS_WITH_A_GPU if cuda else ())]
+    return [(nodeid, reason) for nodeid, reason in skips
+            if not any(re.fullmatch(pattern, reason, re.DOTALL) for pattern in allowed)]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _unlisted(session.config) and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

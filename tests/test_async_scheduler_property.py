@@ -9,13 +9,13 @@ finish reasons of the synchronous loop, with the invariants intact after every s
 """
 
 from hypothesis import HealthCheck, given, settings
-from test_scheduler_property import workloads
 
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.sequence import PLACEHOLDER, Sequence
 from minivllm.sampling_params import SamplingParams
-from scheduler_utils import new_seq
+from tests.helpers.scheduler_utils import new_seq
+from tests.test_scheduler_property import workloads
 
 EOS = 0
 

@@ -10,7 +10,7 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.scale_out.data_parallel import shard_bounds
-from tests.ray_utils import ray_processes
+from tests.helpers.ray_utils import ray_processes
 
 DEMO = str(Path(__file__).resolve().parents[1] / "models" / "minivllm-demo-py")
 KW = dict(device="cpu", dtype="float32", max_model_len=256)
@@ -97,13 +97,24 @@ def test_ray_data_keeps_rows_and_order_and_gives_one_engines_outputs():
 
 
 @pytest.mark.slow
-def test_a_killed_replica_is_retried_elsewhere_and_restarted():
+def test_a_killed_replica_is_retried_elsewhere_and_restarted(monkeypatch, tmp_path):
     """A replica killed in the middle of ``generate``: its prompts run again on the other replica (the outputs are
     still one engine's), Ray restarts it, and the next ``generate`` uses both again. No hang."""
     ray = pytest.importorskip("ray")
+    import os
     import threading
     import time
 
+    from minivllm.engine import data_parallel
+
+    class Replica(data_parallel._Replica):
+        """A replica that leaves a file when a ``generate`` starts (the actors are other processes)."""
+
+        def generate(self, prompts, params):
+            (tmp_path / f"generating-{os.getpid()}").touch()
+            return super().generate(prompts, params)
+
+    monkeypatch.setattr(data_parallel, "_Replica", Replica)
     long = SamplingParams(temperature=0, max_tokens=240, ignore_eos=True)
     many = PROMPTS * 4
     with LLM(DEMO, **KW) as one:
@@ -113,7 +124,10 @@ def test_a_killed_replica_is_retried_elsewhere_and_restarted():
         got = {}
         worker = threading.Thread(target=lambda: got.update(out=llm.generate(many, long)))
         worker.start()
-        time.sleep(2.0)  # both replicas are generating
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("generating-*"))) < 2:  # until both replicas are generating
+            assert worker.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
         assert worker.is_alive()
         ray.kill(llm.engine._replicas[0], no_restart=False)
         worker.join(timeout=120)

@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from demo_compare import PROMPTS, compare_with_transformers
 from minivllm import LLM, SamplingParams
+from tests.helpers.demo_compare import PROMPTS, compare_with_transformers
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "models", "minivllm-demo-py")
 pytestmark = pytest.mark.skipif(not os.path.isdir(DEMO), reason="demo model not in the repo")

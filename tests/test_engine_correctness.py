@@ -1,8 +1,8 @@
 """The whole engine against transformers: greedy tokens must match exactly (float32, CPU)."""
 
 
-from hf_reference import hf_greedy
 from minivllm import LLM, SamplingParams
+from tests.helpers.hf_reference import hf_greedy
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 

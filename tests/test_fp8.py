@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from fp8_checkpoints import write_fp8_checkpoint
 from minivllm import LLM, SamplingParams
 from minivllm.kernels.torch_backend import (
     dequantize_weight_fp8_ref,
@@ -18,6 +17,7 @@ from minivllm.kernels.torch_backend import (
     quantize_fp8_ref,
     quantize_weight_fp8_ref,
 )
+from tests.helpers.fp8_checkpoints import write_fp8_checkpoint
 
 KW = dict(device="cpu", dtype="float32")
 GREEDY = SamplingParams(temperature=0, ignore_eos=True, max_tokens=12)

@@ -15,7 +15,6 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 from minivllm.kernels.fp8_block_gemm import fp8_block_gemm, fp8_gemm_config, quantize_fp8_per_group  # noqa: E402
 from minivllm.kernels.torch_backend import (  # noqa: E402
     fp8_gemm_ref,
@@ -23,6 +22,7 @@ from minivllm.kernels.torch_backend import (  # noqa: E402
     quantize_fp8_ref,
     quantize_weight_fp8_ref,
 )
+from tests.helpers.kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 
 pytestmark = pytest.mark.triton
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -9,12 +9,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 from minivllm import LLM, SamplingParams  # noqa: E402
 from minivllm.kernels.fused_rope import qk_norm_rope  # noqa: E402
 from minivllm.kernels.paged_attention import paged_attention  # noqa: E402
 from minivllm.kernels.paged_decode import paged_decode_split_kv  # noqa: E402
 from minivllm.kernels.torch_backend import paged_attention_ref, store_kvcache_ref  # noqa: E402
+from tests.helpers.kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 from tests.test_triton_kernels import DEVICE, TOL, _poisoned, make_batch  # noqa: E402
 
 FP8 = torch.float8_e4m3fn

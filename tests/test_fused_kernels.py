@@ -17,7 +17,6 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_checks import check, gpu_rounding_in_interpreter  # noqa: E402
 from minivllm.kernels.fused_act import silu_and_mul  # noqa: E402
 from minivllm.kernels.fused_norm import fused_add_rms_norm, rms_norm  # noqa: E402
 from minivllm.kernels.fused_rope import qk_norm_rope  # noqa: E402
@@ -25,6 +24,7 @@ from minivllm.kernels.torch_backend import store_kvcache_ref  # noqa: E402
 from minivllm.layers.activation import SiluAndMul  # noqa: E402
 from minivllm.layers.layernorm import RMSNorm  # noqa: E402
 from minivllm.layers.rotary import RotaryEmbedding  # noqa: E402
+from tests.helpers.kernel_checks import check, gpu_rounding_in_interpreter  # noqa: E402
 
 pytestmark = pytest.mark.triton
 

@@ -16,12 +16,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 from minivllm.kernels import fused_quant  # noqa: E402
 from minivllm.kernels.fused_act import silu_and_mul  # noqa: E402
 from minivllm.kernels.fused_norm import fused_add_rms_norm, rms_norm  # noqa: E402
 from minivllm.kernels.fused_quant import fused_add_rms_norm_fp8, rms_norm_fp8, silu_and_mul_fp8  # noqa: E402
 from minivllm.kernels.torch_backend import quantize_fp8_ref  # noqa: E402
+from tests.helpers.kernel_checks import gpu_rounding_in_interpreter  # noqa: E402
 
 pytestmark = pytest.mark.triton
 

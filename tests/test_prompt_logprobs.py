@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_reference import hf_logits
 from minivllm import LLM, SamplingParams
+from tests.helpers.hf_reference import hf_logits
 
 K = 3
 

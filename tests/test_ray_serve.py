@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from minivllm import LLM, SamplingParams  # noqa: E402
 from minivllm.config.server import ServerConfig  # noqa: E402
-from tests.ray_utils import ray_processes  # noqa: E402
-from tests.server_utils import free_port  # noqa: E402
+from tests.helpers.ray_utils import ray_processes  # noqa: E402
+from tests.helpers.server_utils import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from server_utils import ROOT, running_server  # noqa: E402
-from tests.ray_utils import ray_processes  # noqa: E402
+from tests.helpers.ray_utils import ray_processes  # noqa: E402
+from tests.helpers.server_utils import ROOT, running_server  # noqa: E402
 from tests.test_ray_serve import DEMO, PROMPTS, _successes  # noqa: E402
 
 ARGS = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "256", "--served-model-name", "demo"]

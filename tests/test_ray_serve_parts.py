@@ -182,13 +182,21 @@ def test_a_replica_that_dies_before_anything_streamed_is_retried_once_on_another
     assert client._streams == {}  # finished: forgotten
 
 
+async def _until(condition, timeout: float = 5.0) -> None:
+    """Until ``condition()`` holds, the event loop running the other tasks meanwhile."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.001)
+
+
 def test_a_replica_that_dies_after_accepting_retries_and_is_reported_once():
     async def scenario():
         client = _client(_Call("r1", ActorDiedError()), _Call("r2"))
         stream = await client.add_request([1], SamplingParams(), "q")
-        await asyncio.sleep(0.05)  # the call's watcher sees the death and reopens on r2
+        await _until(lambda: stream.replica == "r2")  # the call's watcher sees the death and reopens on r2
         stream.on_lost(ActorDiedError(), "r1")  # the channel reports it as well: no second retry
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # NOTE: time for a (wrong) second retry to show
         client._deliver(_out("x", True))
         return client, stream, [o.outputs[0].text async for o in stream]
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from server_utils import ROOT, running_server
+from tests.helpers.server_utils import ROOT, running_server
 
 pytestmark = [pytest.mark.server, pytest.mark.skipif(not (ROOT / "models" / "minivllm-demo-py").is_dir(), reason="no demo model")]
 DEMO = ROOT / "models" / "minivllm-demo-py"

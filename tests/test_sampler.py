@@ -12,7 +12,7 @@ from minivllm.sample.logits_processors import apply_penalties
 from minivllm.sample.metadata import build_sampling_metadata
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
-from sampler_reference import filtered_probs
+from tests.helpers.sampler_reference import filtered_probs
 
 V = 50
 EOS = [7, 11]
@@ -314,21 +314,22 @@ def test_logprobs_are_raw_log_softmax(dtype):
     assert out.logprobs is None and out.top_logprobs is None
 
 
-# ------------------------------------------------------------------ GPU
+# ------------------------------------------------------------------ devices
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_bf16_and_cuda_generators():
-    dev = torch.device("cuda")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bf16_logits_and_generators_on_the_logits_device(device):
+    """bf16 logits: a seeded request's generator lives on the logits' device, and its token is the same alone
+    and in a batch beside other rows."""
+    dev = torch.device(device)
     flat = (_logits(5, scale=0.3)[0]).to(dev, torch.bfloat16)
     p = SamplingParams(seed=77, top_p=0.95, top_k=40, repetition_penalty=1.1, logprobs=2)
     md = build_sampling_metadata([p], [[1]], [[2]], EOS, dev, V)
-    assert md.seeded[0][1].device.type == "cuda"
+    assert md.seeded[0][1].device.type == device
     alone = sampler(flat[None], md).sampled_token_ids
     batch = torch.stack([flat, _logits(1)[0].to(dev, torch.bfloat16), flat])
     params = [SamplingParams(), SamplingParams(temperature=0.0), p]
     md = build_sampling_metadata(params, [[1]] * 3, [[2]] * 3, EOS, dev, V)
     out = sampler(batch, md)
-    assert out.sampled_token_ids.device.type == "cuda"
+    assert out.sampled_token_ids.device.type == device
     assert out.sampled_token_ids[2].item() == alone.item()

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from hf_reference import hf_logits
 from minivllm import LLM, SamplingParams
+from tests.helpers.hf_reference import hf_logits
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_utils import fake_tokens, make_scheduler, make_seq, step
+from tests.helpers.scheduler_utils import fake_tokens, make_scheduler, make_seq, step
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "scale_out"
 sys.path.insert(0, str(BENCH))

@@ -1,7 +1,7 @@
 """Scheduler step by step: exact rows, budgets, queue contents, preemption and chunking."""
 
 from minivllm.core.sequence import SequenceStatus
-from scheduler_utils import EOS, make_scheduler, make_seq, rows, step
+from tests.helpers.scheduler_utils import EOS, make_scheduler, make_seq, rows, step
 
 
 def test_prefill_then_decode_in_one_budget():

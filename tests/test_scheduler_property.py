@@ -14,7 +14,7 @@ from minivllm.core.block_manager import BlockManager
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.sequence import Sequence
 from minivllm.sampling_params import SamplingParams
-from scheduler_utils import fake_tokens, new_seq
+from tests.helpers.scheduler_utils import fake_tokens, new_seq
 
 STARVATION_FACTOR = 2
 

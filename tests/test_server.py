@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from server_utils import running_server  # noqa: E402
+from tests.helpers.server_utils import running_server  # noqa: E402
 
 pytestmark = pytest.mark.server
 NAME = "tiny"

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server_utils import ROOT, running_server
+from tests.helpers.server_utils import ROOT, running_server
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 ARGS = ["--device", "cpu", "--max-model-len", "256", "--num-kvcache-blocks", "64"]

@@ -11,8 +11,8 @@ import httpx
 import jsonschema
 import pytest
 
-from json_schemas import SCHEMAS
-from server_utils import ROOT, running_server
+from tests.helpers.json_schemas import SCHEMAS
+from tests.helpers.server_utils import ROOT, running_server
 
 pytestmark = [pytest.mark.server,
               pytest.mark.skipif(not (ROOT / "models" / "minivllm-demo-py").is_dir(), reason="no demo model")]

@@ -12,9 +12,9 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from hf_reference import hf_logits
 from minivllm import __version__
-from server_utils import running_server
+from tests.helpers.hf_reference import hf_logits
+from tests.helpers.server_utils import running_server
 
 pytestmark = pytest.mark.server
 NAME = "tiny"

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import build_checkpoint
 from minivllm import LLM, SamplingParams
 from minivllm.kernels.gumbel_sample import gumbel_sample, gumbel_sample_shard, pick_across_shards
 from minivllm.sample.sharded import sharded_temperatures
+from tests.helpers.checkpoints import build_checkpoint
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="CPU tensors through the Triton interpreter; on GPUs "

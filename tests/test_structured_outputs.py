@@ -12,9 +12,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from json_schemas import SCHEMAS
 from minivllm import LLM, SamplingParams
 from minivllm.sampling_params import StructuredOutputsParams as SO
+from tests.helpers.json_schemas import SCHEMAS
 
 DEMO = str(Path(__file__).resolve().parents[1] / "models" / "minivllm-demo-py")
 PROMPT = "Return JSON describing a person:\n"

@@ -11,7 +11,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.sample.metadata import build_sampling_metadata
 from minivllm.sample.sampler import Sampler
-from sampler_reference import filtered_probs
+from tests.helpers.sampler_reference import filtered_probs
 
 V = 50
 

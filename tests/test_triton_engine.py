@@ -3,8 +3,8 @@ q/k norm + RoPE kernel stores each step's K/V (the torch backend: ``store_kvcach
 
 import pytest
 
-from kernel_checks import gpu_rounding_in_interpreter
 from minivllm import LLM, SamplingParams
+from tests.helpers.kernel_checks import gpu_rounding_in_interpreter
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]  # engines in the Triton interpreter: 9-15 s a test
 

@@ -1,14 +1,12 @@
 """Bad input raises a clear error and leaves the engine usable; config loading and validation."""
 
 import argparse
-import json
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import read_config
 from minivllm import LLM, SamplingParams
 from minivllm.config import (
     ArchConfig,
@@ -20,6 +18,8 @@ from minivllm.config import (
     SchedulerConfig,
 )
 from minivllm.config.hf import arch_from_dict, load_arch
+from minivllm.entrypoints.bench.models import resolve_model
+from tests.helpers.checkpoints import read_config
 
 OK = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
@@ -227,12 +227,10 @@ def test_reads_transformers_4_and_5_config_layouts(tiny_tied_model, tmp_path):
     mc4 = arch_from_dict(v4, {"eos_token_id": 9})
     assert mc4.rope_theta == mc5.rope_theta == 10000.0 and mc4.dtype == mc5.dtype == "float32"
     assert mc4.eos_token_ids == [mc5.eos_token_ids[0], 7, 9]
+    # the published config.json of real models, as shipped for the benchmarks (minivllm/entrypoints/bench/configs)
     for name in ("qwen3-0.6b", "qwen3-8b", "qwen3-32b", "llama-3.1-8b-instruct"):
-        path = f"{__import__('os').path.dirname(__file__)}/../../shared/model-configs/{name}.json"
-        try:
-            cfg = json.load(open(path))
-        except FileNotFoundError:
-            pytest.skip("shared model configs not beside the checkout")
+        path, _ = resolve_model(name)
+        cfg = read_config(path)
         mc = arch_from_dict(cfg)
         assert mc.head_dim == 128 and mc.dtype == "bfloat16" and mc.eos_token_ids
 

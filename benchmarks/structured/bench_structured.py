@@ -28,7 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from tests.json_schemas import SCHEMAS  # noqa: E402
+from tests.helpers.json_schemas import SCHEMAS  # noqa: E402
 
 RECORDS = {"type": "array", "items": {"type": "object", "properties": {
     "id": {"type": "integer"}, "name": {"type": "string", "maxLength": 40},

@@ -1,7 +1,7 @@
 """xgrammar against llguidance on the host costs a grammar engine adds to serving, for the choice between them.
 
 For each engine, with a tokenizer of Qwen3's vocabulary size (``big_tokenizer.py``) and the twenty schemas of
-``tests/json_schemas.py``: the time to build its tokenizer view, to compile each schema (cold), and per token
+``tests/helpers/json_schemas.py``: the time to build its tokenizer view, to compile each schema (cold), and per token
 the time to fill one row's mask and to accept the token, walking each schema with random allowed tokens; then
 one batched fill of 256 rows (the engines' own parallel fill), the per-step cost the engine pays.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.json_schemas import SCHEMAS  # noqa: E402
+from tests.helpers.json_schemas import SCHEMAS  # noqa: E402
 
 VOCAB = 151_936
 ROWS = 256

@@ -5,8 +5,8 @@ rows without edits are unchanged by the rows with them."""
 import pytest
 import torch
 
-from hf_reference import hf_logits
 from minivllm import LLM, SamplingParams
+from tests.helpers.hf_reference import hf_logits
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 PROMPT = [5 + (7 * i) % 200 for i in range(300)]

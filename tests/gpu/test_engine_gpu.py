@@ -67,7 +67,7 @@ def test_chunked_prefill_and_preemption_on_gpu(tiny_tied_model):
 
 @pytest.mark.skipif(not os.path.isdir(DEMO), reason="demo model not in the repo")
 def test_demo_model_bf16_cuda_graphs_matches_transformers():
-    from demo_compare import PROMPTS, compare_with_transformers
+    from tests.helpers.demo_compare import PROMPTS, compare_with_transformers
 
     llm = LLM(DEMO, dtype="bfloat16", gpu_memory_utilization=0.3)
     assert llm.engine.executor.runner.graph_runner is not None  # decode steps replay CUDA graphs

@@ -42,10 +42,7 @@ def test_cublaslt_fp8_linear_equals_the_reference(M, N, K):
 
 
 def test_engine_fp8_weights_cuda_graphs_equal_eager(tmp_path):
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fp8_checkpoints import write_fp8_checkpoint
+    from tests.helpers.fp8_checkpoints import write_fp8_checkpoint
 
     block = str(write_fp8_checkpoint(DEMO, tmp_path / "block", "fp8", (128, 128)))
     prompts = ["def fibonacci(n):", "import os\n", "class Stack:", "for i in range("]
@@ -76,11 +73,8 @@ def test_engine_fused_activation_quantization_equals_the_separate_pass(tmp_path,
     """The norms and SiLU-and-mul hand their FP8 GEMMs quantized rows (one kernel each) and the engine gives
     exactly the tokens of the separate quantization pass, per-channel and 128x128 blocks, with 40 rows a step
     (beyond the GEMV's 16), under CUDA graphs."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fp8_checkpoints import write_fp8_checkpoint
     from minivllm.layers.quantization.fp8 import Fp8LinearMethod
+    from tests.helpers.fp8_checkpoints import write_fp8_checkpoint
 
     block = str(write_fp8_checkpoint(DEMO, tmp_path / "block", "fp8", (128, 128)))
     prompts = [f"def f{i}(x):\n    return" for i in range(40)]

@@ -21,7 +21,7 @@ if torch.cuda.is_available():
     from minivllm.layers.layernorm import RMSNorm
     from minivllm.layers.rotary import RotaryEmbedding
 
-from kernel_checks import ROPE_FMA_FRAC, check, close_to_layer  # noqa: E402
+from tests.helpers.kernel_checks import ROPE_FMA_FRAC, check, close_to_layer  # noqa: E402
 
 DEV, EPS = "cuda", 1e-6
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from minivllm.kernels.gemv import gemv
 from minivllm.kernels.gemv_config import MAX_ROWS, MIN_WEIGHT_NUMEL, use_gemv
-from tests.kernel_checks import rel_err
+from tests.helpers.kernel_checks import rel_err
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from json_schemas import SCHEMAS
 from minivllm import LLM, SamplingParams
 from minivllm.kernels.torch_backend import apply_grammar_bitmask_ref
+from tests.helpers.json_schemas import SCHEMAS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEMO = Path(__file__).resolve().parents[2] / "models" / "minivllm-demo-py"

@@ -1,0 +1,1 @@
+"""Modules the tests share (not tests themselves); fixtures are in tests/conftest.py."""
