@@ -104,8 +104,8 @@ class ModelRunner:
         self.num_sharded_steps = 0  # steps sampled sharded (a check for tests and benchmarks)
         self.share_sampled = tp_group is not None and sc.async_scheduling
         self.prev_sampled: torch.Tensor | None = None
+        self.graph_runner = None  # NOTE: before the profiling forward, which runs eagerly
         self.num_kvcache_blocks = self._init_kv_cache()
-        self.graph_runner = None
         if self.device.type == "cuda" and not dc.enforce_eager:
             from minivllm.worker.cuda_graphs import DecodeGraphRunner
 
