@@ -105,14 +105,14 @@ def test_a_killed_replica_is_retried_elsewhere_and_restarted(monkeypatch, tmp_pa
     import threading
     import time
 
-    from minivllm.engine import data_parallel
+    from minivllm.scale_out import data_parallel
 
     class Replica(data_parallel._Replica):
-        """A replica that leaves a file when a ``generate`` starts (the actors are other processes)."""
+        """A replica that leaves a file when a batch starts (the actors are other processes)."""
 
-        def generate(self, prompts, params):
+        def run_batch(self, prompts, params):
             (tmp_path / f"generating-{os.getpid()}").touch()
-            return super().generate(prompts, params)
+            return super().run_batch(prompts, params)
 
     monkeypatch.setattr(data_parallel, "_Replica", Replica)
     long = SamplingParams(temperature=0, max_tokens=240, ignore_eos=True)
