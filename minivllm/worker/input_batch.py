@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.core.scheduler_output import NewRequestData, ScheduledRow, SchedulerOutput
 from minivllm.sampling_params import SamplingParams
 
 
@@ -156,8 +156,6 @@ def dummy_prefill_inputs(num_seqs: int, seq_len: int, block_size: int) -> StepIn
     sampled: the profiling forward's, which sizes the KV cache."""
     per_seq = -(-seq_len // block_size)
     batch = InputBatch(num_seqs, seq_len, block_size)
-    from minivllm.core.scheduler_output import NewRequestData, ScheduledRow
-
     params = SamplingParams()
     new = tuple(NewRequestData(i, params, tuple(range(i * per_seq, (i + 1) * per_seq)), None, None)
                 for i in range(num_seqs))

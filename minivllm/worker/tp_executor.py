@@ -1,10 +1,10 @@
 """MultiProcExecutor: tensor parallelism with one process per rank (NCCL on GPUs, gloo on the CPU).
 
 Rank 0's ModelRunner lives in the engine process; ranks 1..N-1 are spawned workers. Each step
-rank 0 builds the ``StepInputs`` once, pickles ``(command, args)`` into a shared-memory block
-(``tp_worker.py``), signals each worker (which acknowledges once it has read it, so rank 0
-may write the next one), and all ranks run the step in lockstep; rank 0 then samples (steps that
-qualify for ``minivllm.sample.sharded`` sample every rank's vocabulary slice). A monitor
+rank 0 pickles an ``ExecuteStep`` message (the scheduler output: a delta against every rank's persistent
+batch) into a shared-memory block (``tp_worker.py``), signals each worker (which acknowledges once it has
+read it, so rank 0 may write the next one), and all ranks run the step in lockstep; rank 0 then samples
+(steps that qualify for ``minivllm.sample.sharded`` sample every rank's vocabulary slice). A monitor
 thread watches the workers' sentinels: if one dies, the others are
 killed, an NCCL group is aborted, and the engine raises a clear RuntimeError.
 """
