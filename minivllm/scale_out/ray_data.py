@@ -55,7 +55,7 @@ def generate_dataset(ds, model: str, sampling_params: SamplingParams | None = No
     gpus = 0 if engine_kwargs.get("device") == "cpu" else tensor_parallel_size
     out = ds.map_batches(
         LLMPredictor, batch_size=batch_size, concurrency=data_parallel_size, num_gpus=gpus,
-        num_cpus=0 if gpus == 0 else None,  # the engines' threads are their own; see DataParallelLLM
+        num_cpus=0 if gpus == 0 else None,  # the engines' threads are their own; see DataParallelEngine
         fn_constructor_kwargs=dict(model=model, sampling_params=sampling_params, prompt_column=prompt_column,
                                    tensor_parallel_size=tensor_parallel_size, **engine_kwargs))
     out.context.execution_options.preserve_order = True
