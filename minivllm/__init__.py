@@ -4,9 +4,10 @@
 without torch.
 """
 
+from minivllm.beam_search import BeamSearchParams
 from minivllm.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "BeamSearchParams", "SamplingParams"]
 __version__ = "0.2.0"
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from minivllm.beam_search import BeamSearchOutput, BeamSearchParams
+from minivllm.engine.beam_search import run_beam_search
 from minivllm.engine.tokenizer import chat_template_args
 from minivllm.sampling_params import SamplingParams
 
@@ -62,6 +64,37 @@ class LLM:
         ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
 
+    def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """Beam search, as vLLM's ``LLM.beam_search``; one ``BeamSearchOutput`` per prompt, in prompt order, whose
+        ``sequences`` are the best ``params.beam_width`` (``tokens``: the prompt's and the generated ones, EOS
+        included; ``text``: theirs, special tokens kept; ``cum_logprob``; ``logprobs``; ``finish_reason``).
+
+        ``prompts``: a string or token ids, or a list of them (or of vLLM's ``{"prompt": ...}`` /
+        ``{"prompt_token_ids": [...]}``). ``concurrency_limit``: search at most that many prompts at a time (None:
+        all). ValueError naming the parameter for bad input, before any prompt runs.
+        """
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        if concurrency_limit is not None and (not isinstance(concurrency_limit, int) or concurrency_limit < 1):
+            raise ValueError(f"concurrency_limit must be an integer >= 1 or None, got {concurrency_limit!r}")
+        if isinstance(prompts, dict):
+            prompts = [prompts]
+        if isinstance(prompts, (list, tuple)):
+            prompts = [_beam_prompt(p) if isinstance(p, dict) else p for p in prompts]
+        prompts, _ = batch_of_prompts(prompts, None)
+        tokenizer = self.engine.tokenizer
+        ids = []
+        for p in prompts:
+            if isinstance(p, str):
+                if tokenizer is None:
+                    raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
+                p = tokenizer.encode(p)
+            if not isinstance(p, (list, tuple)) or any(not isinstance(t, int) or isinstance(t, bool) for t in p):
+                raise ValueError(f"a prompt must be a string or a list of token ids, got {type(p).__name__}")
+            ids.append(list(p))
+        return run_beam_search(self.engine, ids, params, use_tqdm, concurrency_limit)
+
     def close(self) -> None:
         """Release the engine: the model, the KV cache, worker processes, Ray replicas (idempotent)."""
         self.engine.close()
@@ -92,3 +125,12 @@ def batch_of_prompts(prompts, sampling_params) -> tuple[list, list[SamplingParam
     if len(sampling_params) != len(prompts):
         raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
     return prompts, list(sampling_params)
+
+
+def _beam_prompt(prompt: dict) -> str | list[int]:
+    """vLLM's prompt dicts (``{"prompt": text}`` or ``{"prompt_token_ids": ids}``) as a text or token ids."""
+    if "prompt_token_ids" in prompt:
+        return prompt["prompt_token_ids"]
+    if "prompt" in prompt:
+        return prompt["prompt"]
+    raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")

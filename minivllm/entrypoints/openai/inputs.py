@@ -40,8 +40,8 @@ class RequestLimits:
             if not req.n <= req.best_of <= self.max_n:
                 raise APIError(400, f"best_of must be an integer in [n, {self.max_n}], got {req.best_of}",
                                param="best_of")
-            if req.best_of != req.n:
-                raise APIError(400, "best_of other than n is not supported", param="best_of")
+            if req.best_of != req.n and not req.use_beam_search:
+                raise APIError(400, "best_of other than n is supported only with use_beam_search", param="best_of")
         if logprobs is not None and not 0 <= logprobs <= self.max_logprobs:
             raise APIError(400, f"{logprobs_field} must be an integer in [0, {self.max_logprobs}], got {logprobs}",
                            param=logprobs_field)

@@ -84,7 +84,7 @@ class SamplingRequest(BaseModel):
 
     model: str | None = None
     n: int = 1
-    best_of: int | None = None  # accepted when equal to n
+    best_of: int | None = None  # accepted when equal to n, or as the beam width with use_beam_search
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None
@@ -112,6 +112,9 @@ class SamplingRequest(BaseModel):
     truncate_prompt_tokens: int | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
+    # vLLM's beam search (``beam_search.py``): the n best of best_of (default n) beams
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
 
     @property
     def include_usage(self) -> bool:

@@ -5,12 +5,15 @@ as token ids, starting engine requests, usage, and logprobs in OpenAI's and vLLM
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from fastapi.responses import Response
 
+from minivllm.engine.beam_search import BeamSearchStream
 from minivllm.engine.protocol import EngineClient, OutputStream
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai import responses as R
+from minivllm.entrypoints.openai.beam_search import beam_search_params
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.inputs import RequestLimits, Tokenization
 from minivllm.outputs import RequestOutput
@@ -106,6 +109,27 @@ class ServingBase:
             for s in streams:
                 s.abort()
             raise
+        return streams
+
+    def start_beams(self, prompts: list[list[int]], req: P.SamplingRequest, max_tokens: int | None, base_id: str,
+                    prompt_logprobs: int | None = None) -> list[OutputStream]:
+        """One beam search per prompt (``{base_id}-{i}``, ``use_beam_search``), each an output stream whose one
+        output has the ``n`` best beams as its completions; ``max_tokens`` None: up to ``max_model_len``. A 400 for
+        a prompt that cannot take ``max_tokens`` more tokens, and for parameters out of range. The searches start
+        when their streams are read."""
+        info = self.llm.model_info()
+        decode = partial(self.tokenization.decode_now, skip_special_tokens=req.skip_special_tokens)
+        streams: list[OutputStream] = []
+        for i, ids in enumerate(prompts):
+            steps = max_tokens if max_tokens is not None else info.max_model_len - len(ids)
+            if len(ids) + steps > info.max_model_len:
+                raise APIError(400, f"This model's maximum context length is {info.max_model_len} tokens. However, "
+                                    f"you requested {len(ids) + steps} tokens ({len(ids)} in the prompt, {steps} in "
+                                    f"the completion). Please reduce the length of the prompt or the completion.")
+            streams.append(BeamSearchStream(
+                self.llm, ids, beam_search_params(req, steps), f"{base_id}-{i}", num_outputs=req.n,
+                eos_token_ids=info.eos_token_ids, max_model_len=info.max_model_len, decode=decode, seed=req.seed,
+                prompt_logprobs=prompt_logprobs))
         return streams
 
     def prompt_logprobs(self, out: RequestOutput) -> R.PromptLogprobs | None:

@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai import responses as R
+from minivllm.entrypoints.openai.beam_search import check_beam_search_request
 from minivllm.entrypoints.openai.chat_outputs import ChatOutputReader
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
@@ -48,12 +49,17 @@ class ChatServing(ServingBase):
         if max_tokens is None:
             max_tokens = max(1, self.llm.model_info().max_model_len - len(ids))
         params = req.to_sampling_params(max_tokens, k, structured_outputs=so)
+        if req.use_beam_search:
+            check_beam_search_request(req, field, can_stream=True)
         await self.prepare_grammar(so, field)
         # echo repeats the last message when it is the assistant's (the role that is generated), as vLLM
         last = req.messages[-1]
         echo = last.to_template()["content"] if req.echo and last.role == "assistant" else ""
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await self.start([ids], params, rid)
+        if req.use_beam_search:  # a streamed response sends each choice whole, once the search ends (as vLLM)
+            streams = self.start_beams([ids], req, max_tokens, rid, req.prompt_logprobs)
+        else:
+            streams = await self.start([ids], params, rid)
         if req.stream:
             return StreamingResponse(guarded(self._chat_stream(req, rid, streams, ids, k, echo, reader)),
                                      media_type="text/event-stream")

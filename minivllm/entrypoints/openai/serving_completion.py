@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai import responses as R
+from minivllm.entrypoints.openai.beam_search import check_beam_search_request
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
 from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
@@ -37,11 +38,16 @@ class CompletionServing(ServingBase):
             self.limits.check(req, prompt_k, "prompt_logprobs")
         so, field = constraint(req.response_format, req.structured_outputs)
         params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_k, so)
+        if req.use_beam_search:
+            check_beam_search_request(req, field, can_stream=False)
         await self.prepare_grammar(so, field)
         ids = [await self.prompt_ids(p, req.truncate_prompt_tokens) for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
         echo = [await self.tokenization.decode(p) if req.echo else "" for p in ids]
-        streams = await self.start(ids, params, rid)
+        if req.use_beam_search:  # one search per prompt, started as the response reads it
+            streams = self.start_beams(ids, req, req.max_tokens, rid, prompt_k)
+        else:
+            streams = await self.start(ids, params, rid)
         if req.stream:
             return StreamingResponse(guarded(self._completion_stream(req, rid, streams, ids, echo)),
                                      media_type="text/event-stream")
