@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 from minivllm.config.fields import check_types
 from minivllm.structured_outputs_params import StructuredOutputsParams
 
-__all__ = ["SamplingParams", "StructuredOutputsParams"]
+__all__ = ["ParameterError", "SamplingParams", "StructuredOutputsParams"]
+
+
+class ParameterError(ValueError):
+    """A ValueError about one request parameter, named by ``parameter`` (the server's 400 names it), for messages
+    that do not start with the parameter's name (vLLM's wording, which clients match on)."""
+
+    def __init__(self, message: str, parameter: str | None = None):
+        super().__init__(message)
+        self.parameter = parameter  # NOTE: in __dict__, so it survives pickling (Ray Serve replicas)
 
 
 @dataclass
@@ -71,8 +80,11 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            raise ValueError(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+        # how many alternatives: -1 is the whole vocabulary; the engine's max_logprobs bounds them
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and k < 0 and k != -1:
+                raise ValueError(f"{name} must be non-negative or -1, got {k}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -83,8 +95,6 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         self.stop_token_ids = ids
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
-            raise ValueError(f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs!r}")
         self._check_token_edits()
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(f"truncate_prompt_tokens must be an integer >= 1, got {self.truncate_prompt_tokens}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from minivllm.config import Config
 from minivllm.engine.structured_output import StructuredOutputManager
 from minivllm.engine.tokenizer import bad_words_token_ids
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import ParameterError, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class InputProcessor:
         self.tokenizer, self.structured = tokenizer, structured
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.arch.vocab_size
+        self.max_logprobs = config.model_config.max_num_logprobs
 
     def process(self, prompt: str | list[int], params: SamplingParams | None = None,
                 strict_length: bool = False) -> EngineRequest:
@@ -93,9 +94,21 @@ class InputProcessor:
             bad = next((t for t in ids if t >= vocab), None)
             if bad is not None:
                 raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab})")
+        self._check_logprobs(params)
         if params.bad_words and self.tokenizer is None:
             raise ValueError("bad_words needs a tokenizer, and this checkpoint has none")
         if params.structured_outputs is not None:
             if self.structured is None:
                 raise ValueError("structured_outputs needs a tokenizer, and this checkpoint has none")
             self.structured.validate(params.structured_outputs)
+
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        """At most the engine's ``max_logprobs`` alternatives per token (-1 asks for the whole vocabulary), in
+        vLLM's words."""
+        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            k = getattr(params, name)
+            if k:  # None and 0 ask for no alternatives
+                k = self.vocab_size if k == -1 else k
+                if k > self.max_logprobs:
+                    raise ParameterError(f"Requested {kind} logprobs of {k}, which is greater than max allowed: "
+                                         f"{self.max_logprobs}", name)

@@ -168,7 +168,7 @@ def build_sampling_metadata(
     has_rep = [r != 1.0 for r in reps]
     has_pen = [h or f != 0.0 or pr != 0.0 for h, f, pr in zip(has_rep, freqs, press, strict=True)]
     no_penalties = not any(has_pen)
-    requested = [p.logprobs for p in params if p.logprobs is not None]
+    requested = [V if p.logprobs == -1 else p.logprobs for p in params if p.logprobs is not None]  # -1: all
     max_num_logprobs = min(max(requested), V) if requested else None
 
     md = SamplingMetadata(

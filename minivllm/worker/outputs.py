@@ -13,7 +13,7 @@ class SampledTokens:
     logprobs: list[float] | None = None  # logprob of each sampled token
     top_ids: list[list[int]] | None = None  # [rows][k] top alternatives
     top_logprobs: list[list[float]] | None = None
-    num_top: list[int] | None = None  # how many alternatives each row asked for (None: no logprobs)
+    num_top: list[int] | None = None  # how many alternatives each row asked for (None: no logprobs, -1: all)
     # (seq_id, first prompt token, [{target: Logprob, alt: Logprob, ...}, ...]) of the rows with prompt logprobs
     prompt_logprobs: list[tuple[int, int, list[dict]]] | None = None
 
@@ -21,7 +21,10 @@ class SampledTokens:
         """``{sampled_id: logprob, alt_id: logprob, ...}`` for a row that asked for logprobs, else None."""
         if self.logprobs is None or self.num_top is None or self.num_top[row] is None:
             return None
+        k = self.num_top[row]
+        if k < 0:
+            k = len(self.top_ids[row])
         d = {self.token_ids[row]: self.logprobs[row]}
-        for tid, lp in zip(self.top_ids[row][: self.num_top[row]], self.top_logprobs[row][: self.num_top[row]]):
+        for tid, lp in zip(self.top_ids[row][:k], self.top_logprobs[row][:k]):
             d.setdefault(tid, lp)
         return d

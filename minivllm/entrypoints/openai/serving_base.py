@@ -21,6 +21,11 @@ def clamp(logprob: float) -> float:
     return max(logprob, -9999.0)  # -inf is not JSON
 
 
+def first(k: int) -> int | None:
+    """The slice end of ``k`` alternatives: -1 asks for all of them."""
+    return None if k == -1 else k
+
+
 def json_response(obj) -> Response:
     return Response(obj.model_dump_json(), media_type="application/json")
 
@@ -123,7 +128,7 @@ class ServingBase:
         out = R.CompletionLogProbs()
         for tid, lp in zip(ids, lps):
             offset = self._add_legacy(out, self.token_str(tid, as_id), clamp(lp[tid]), offset, {
-                self.token_str(t, as_id): clamp(v) for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:k]})
+                self.token_str(t, as_id): clamp(v) for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:first(k)]})
         return out
 
     def echo_logprobs(self, out: RequestOutput, k: int, as_id: bool) -> R.CompletionLogProbs:
@@ -135,7 +140,7 @@ class ServingBase:
             if entry is None:
                 offset = self._add_legacy(res, s, None, offset, None)
                 continue
-            top = sorted(entry.items(), key=lambda kv: kv[1].rank)[:k]
+            top = sorted(entry.items(), key=lambda kv: kv[1].rank)[:first(k)]
             offset = self._add_legacy(res, s, clamp(entry[tid].logprob), offset,
                                       {self.token_str(t, as_id): clamp(lp.logprob) for t, lp in top})
         return res
@@ -161,7 +166,7 @@ class ServingBase:
 
         return R.ChatLogprobs(content=[
             entry(R.TokenLogprob, tid, lp[tid], top_logprobs=[
-                entry(R.TopLogprob, t, v) for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:k]])
+                entry(R.TopLogprob, t, v) for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:first(k)]])
             for tid, lp in zip(ids, lps)])
 
     @staticmethod

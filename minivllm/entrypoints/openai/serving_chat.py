@@ -16,6 +16,7 @@ from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
 from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
 from minivllm.entrypoints.openai.structured import constraint
+from minivllm.sampling_params import ParameterError
 
 
 class ChatServing(ServingBase):
@@ -53,7 +54,12 @@ class ChatServing(ServingBase):
         last = req.messages[-1]
         echo = last.to_template()["content"] if req.echo and last.role == "assistant" else ""
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await self.start([ids], params, rid)
+        try:
+            streams = await self.start([ids], params, rid)
+        except ParameterError as exc:
+            if exc.parameter == "logprobs":  # the engine's name of what chat calls top_logprobs
+                exc.parameter = "top_logprobs"
+            raise
         if req.stream:
             return StreamingResponse(guarded(self._chat_stream(req, rid, streams, ids, k, echo, reader)),
                                      media_type="text/event-stream")

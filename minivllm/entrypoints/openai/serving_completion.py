@@ -32,7 +32,7 @@ class CompletionServing(ServingBase):
         # echo with logprobs scores the prompt too: prompt logprobs with the same number of alternatives
         prompt_k = req.prompt_logprobs
         if req.echo and req.logprobs is not None:
-            prompt_k = max(req.logprobs, prompt_k or 0)
+            prompt_k = -1 if -1 in (req.logprobs, prompt_k) else max(req.logprobs, prompt_k or 0)  # -1: all
         if prompt_k is not None:
             self.limits.check(req, prompt_k, "prompt_logprobs")
         so, field = constraint(req.response_format, req.structured_outputs)

@@ -1,0 +1,63 @@
+"""Request features of vLLM's that its users rely on, through the Python API: the engine's ``max_logprobs``
+(-1: the whole vocabulary), with vLLM's error wording."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.sampling_params import ParameterError
+from tests.helpers.hf_reference import hf_logits
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_tied_model):
+    return LLM(tiny_tied_model, device="cpu", max_model_len=128, max_logprobs=30)
+
+
+# ------------------------------------------------------------------ max_logprobs
+def test_logprobs_up_to_max_logprobs_equal_transformers(llm, tiny_tied_model):
+    prompt = llm.get_tokenizer().encode("def fibonacci(n):")
+    out = llm.generate([prompt], SamplingParams(temperature=0.8, seed=5, max_tokens=4, ignore_eos=True,
+                                               logprobs=25, prompt_logprobs=25), use_tqdm=False)[0]
+    ids = out["token_ids"]
+    ref = torch.log_softmax(hf_logits(tiny_tied_model, prompt + ids), dim=-1)  # [len, vocab]
+    for j, (tok, lp) in enumerate(zip(ids, out["logprobs"])):
+        top = torch.topk(ref[len(prompt) - 1 + j], 25)
+        assert set(top.indices.tolist()) | {tok} == set(lp)
+        for tid, val in zip(top.indices.tolist(), top.values.tolist()):
+            assert lp[tid] == pytest.approx(val, abs=1e-4)
+    for j in range(1, len(prompt)):
+        assert set(torch.topk(ref[j - 1], 25).indices.tolist()) <= set(out["prompt_logprobs"][j])
+
+
+@pytest.mark.parametrize("kwargs, message, parameter", [
+    ({"logprobs": 31}, "Requested sample logprobs of 31, which is greater than max allowed: 30", "logprobs"),
+    ({"prompt_logprobs": 31}, "Requested prompt logprobs of 31, which is greater than max allowed: 30",
+     "prompt_logprobs"),
+    ({"logprobs": -1}, "Requested sample logprobs of 448, which is greater than max allowed: 30", "logprobs"),
+])
+def test_logprobs_over_max_logprobs_are_refused_in_vllms_words(llm, kwargs, message, parameter):
+    with pytest.raises(ParameterError, match=message) as exc:
+        llm.generate(["x"], SamplingParams(**kwargs), use_tqdm=False)
+    assert exc.value.parameter == parameter
+    assert llm.generate(["x"], SamplingParams(max_tokens=2), use_tqdm=False)[0]["token_ids"]  # still usable
+
+
+def test_max_logprobs_minus_one_allows_the_whole_vocabulary(tiny_tied_model):
+    with LLM(tiny_tied_model, device="cpu", max_model_len=64, max_logprobs=-1) as llm:
+        vocab = llm.engine.config.model_config.arch.vocab_size
+        out = llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=2, logprobs=-1,
+                                                         prompt_logprobs=-1), use_tqdm=False)[0]
+    assert [len(lp) for lp in out["logprobs"]] == [vocab, vocab]
+    assert out["prompt_logprobs"][0] is None and all(len(e) == vocab for e in out["prompt_logprobs"][1:])
+    assert all(abs(torch.tensor(list(lp.values())).exp().sum().item() - 1) < 1e-3 for lp in out["logprobs"])
+
+
+def test_bad_max_logprobs_and_logprobs_name_the_parameter(tiny_tied_model):
+    with pytest.raises(ValueError, match="max_logprobs must be >= -1"):
+        LLM(tiny_tied_model, device="cpu", max_logprobs=-2)
+    for name in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=f"{name} must be non-negative or -1, got -2"):
+            SamplingParams(**{name: -2})
