@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 from minivllm.config.fields import check_types
 from minivllm.structured_outputs_params import StructuredOutputsParams
 
-__all__ = ["ParameterError", "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["MAX_LOGPROB_TOKEN_IDS", "ParameterError", "SamplingParams", "StructuredOutputsParams"]
+
+#: most ids in ``logprob_token_ids`` (vLLM's bound)
+MAX_LOGPROB_TOKEN_IDS = 128
 
 
 class ParameterError(ValueError):
@@ -47,6 +50,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None  # the logprobs of these ids at each generated token (vLLM's)
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
@@ -95,12 +99,30 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         self.stop_token_ids = ids
+        self._check_logprob_token_ids()
         self._check_token_edits()
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(f"truncate_prompt_tokens must be an integer >= 1, got {self.truncate_prompt_tokens}")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
                              f"{type(self.structured_outputs).__name__}")
+
+    def _check_logprob_token_ids(self) -> None:
+        """``logprob_token_ids``: at most ``MAX_LOGPROB_TOKEN_IDS`` ids, whose logprobs replace the top-k
+        alternatives; ``logprobs``, if set too, must count them (vLLM's rules and words)."""
+        ids = self.logprob_token_ids
+        if ids is None:
+            return
+        if not isinstance(ids, (list, tuple)) or not ids or any(not _is_int(t) for t in ids):
+            raise ValueError(f"logprob_token_ids must be a non-empty list of token ids, got {ids!r}")
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise ParameterError(f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
+                                 f"allowed: {MAX_LOGPROB_TOKEN_IDS}", "logprob_token_ids")
+        if self.logprobs is not None and self.logprobs != len(ids):
+            raise ParameterError(f"When both logprobs and logprob_token_ids are set, logprobs must equal "
+                                 f"len(logprob_token_ids). Got logprobs={self.logprobs}, "
+                                 f"len(logprob_token_ids)={len(ids)}.", "logprob_token_ids")
+        self.logprob_token_ids = [int(t) for t in ids]
 
     def _check_token_edits(self) -> None:
         """``logit_bias`` ({token id: bias in [-100, 100]}), ``allowed_token_ids`` and ``bad_words``."""
@@ -129,6 +151,14 @@ class SamplingParams:
     @property
     def stop_strings(self) -> list[str]:
         return self._stop
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """The alternatives each generated token reports (None: no logprobs): ``logprobs``, or as many as
+        ``logprob_token_ids`` names (as vLLM's ``SamplingParams.num_logprobs``)."""
+        if self.logprobs is not None:
+            return self.logprobs
+        return len(self.logprob_token_ids) if self.logprob_token_ids else None
 
     @property
     def has_penalties(self) -> bool:

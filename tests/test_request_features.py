@@ -61,3 +61,37 @@ def test_bad_max_logprobs_and_logprobs_name_the_parameter(tiny_tied_model):
     for name in ("logprobs", "prompt_logprobs"):
         with pytest.raises(ValueError, match=f"{name} must be non-negative or -1, got -2"):
             SamplingParams(**{name: -2})
+
+
+# ------------------------------------------------------------------ logprob_token_ids
+def test_logprob_token_ids_equal_transformers_next_to_top_k_rows(llm, tiny_tied_model):
+    prompt = llm.get_tokenizer().encode("def fibonacci(n):")
+    ids = [300, 5, 7]
+    outs = llm.generate([prompt, prompt, prompt], [
+        SamplingParams(temperature=0.7, seed=1, max_tokens=4, ignore_eos=True, logprob_token_ids=ids),
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)], use_tqdm=False)
+    out = outs[0]
+    ref = torch.log_softmax(hf_logits(tiny_tied_model, prompt + out["token_ids"]), dim=-1)
+    for j, (tok, lp) in enumerate(zip(out["token_ids"], out["logprobs"])):
+        assert list(lp) == [tok] + [t for t in ids if t != tok]  # the token, then the ids in their order
+        for tid, value in lp.items():
+            assert value == pytest.approx(ref[len(prompt) - 1 + j, tid].item(), abs=1e-4)
+    assert all(len(lp) in (2, 3) for lp in outs[1]["logprobs"]) and "logprobs" not in outs[2]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"logprob_token_ids": [3, 448, -1]},
+     r"token_id\(s\) \[448, -1\] in logprob_token_ids contain out-of-vocab token ids. Vocabulary size: 448"),
+    ({"logprob_token_ids": [1], "logprobs": 2}, "When both logprobs and logprob_token_ids are set, logprobs must "
+                                                r"equal len\(logprob_token_ids\). Got logprobs=2"),
+    ({"logprob_token_ids": list(range(129))}, "Requested logprob_token_ids of length 129, which is greater than "
+                                              "max allowed: 128"),
+])
+def test_bad_logprob_token_ids_name_the_parameter(llm, kwargs, message):
+    with pytest.raises(ParameterError, match=message) as exc:
+        llm.generate(["x"], SamplingParams(**kwargs), use_tqdm=False)
+    assert exc.value.parameter == "logprob_token_ids"
+    for bad in ([], [1.5], "12"):
+        with pytest.raises(ValueError, match="logprob_token_ids must be a non-empty list of token ids"):
+            SamplingParams(logprob_token_ids=bad)

@@ -69,3 +69,58 @@ def test_logprobs_over_max_logprobs_get_a_400_naming_the_limit(server):
     err = bad_request(chat, messages=USER, max_tokens=2, logprobs=True, top_logprobs=-1)
     assert err["param"] == "top_logprobs" and "Requested sample logprobs of 4032" in err["message"]
     assert bad_request(completions, prompt="x", max_tokens=2, logprobs=-3)["param"] == "logprobs"
+
+
+# ------------------------------------------------------------------ logprob_token_ids
+def test_logprob_token_ids_in_completions_and_chat_streamed_and_not(server):
+    body = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    top = post(server, "/v1/completions", {**body, "prompt": "def f(x):", "logprobs": 5,
+                                           "return_tokens_as_token_ids": True})["choices"][0]["logprobs"]
+    # the first generated token's {"token_id:N": logprob}: the token (greedy: the most likely), then the others
+    by_id = {int(t.removeprefix("token_id:")): v for t, v in top["top_logprobs"][0].items()}
+    want = list(by_id)
+    ids = [want[-1], 7, want[1]]  # two of the most likely, in another order, and an unlikely one
+    assert len(want) == 5 and 7 not in want
+    out = server.client.completions.create(model=NAME, prompt="def f(x):", logprobs=1,
+                                           extra_body={**body, "logprob_token_ids": ids,
+                                                       "return_tokens_as_token_ids": True})
+    lp = out.choices[0].logprobs
+    assert lp.tokens[0] == f"token_id:{want[0]}"
+    for step in lp.top_logprobs:  # the token first, then the ids in their order
+        assert list(step)[1:] == [f"token_id:{t}" for t in ids] and len(step) == 4
+    step0 = lp.top_logprobs[0]
+    assert step0[f"token_id:{ids[0]}"] == pytest.approx(by_id[ids[0]], abs=1e-5)
+    assert step0[f"token_id:{ids[2]}"] == pytest.approx(by_id[ids[2]], abs=1e-5)
+    assert step0["token_id:7"] < min(by_id.values())
+
+    chat_kw = dict(model=NAME, messages=USER, logprobs=True, max_tokens=4, temperature=0,
+                   extra_body={"ignore_eos": True, "logprob_token_ids": ids, "return_tokens_as_token_ids": True})
+    whole = server.client.chat.completions.create(**chat_kw).choices[0].logprobs.content
+    assert len(whole) == 4
+    for c in whole:
+        assert [t.token for t in c.top_logprobs] == [c.token] + [f"token_id:{t}" for t in ids
+                                                                  if f"token_id:{t}" != c.token]
+    streamed = [c for chunk in server.client.chat.completions.create(**chat_kw, stream=True)
+                for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]
+    assert [[(t.token, t.logprob) for t in c.top_logprobs] for c in streamed] == \
+        [[(t.token, t.logprob) for t in c.top_logprobs] for c in whole]
+    events = [e for e in server.client.completions.create(model=NAME, prompt="def f(x):", logprobs=1, stream=True,
+                                                          extra_body={**body, "logprob_token_ids": ids})]
+    tops = [t for e in events for c in e.choices if c.logprobs for t in c.logprobs.top_logprobs]
+    assert len(tops) == 4 and all(len(t) == 4 for t in tops)
+
+
+def test_bad_logprob_token_ids_get_a_400_naming_them(server):
+    completions, chat = server.client.completions.create, server.client.chat.completions.create
+    err = bad_request(completions, prompt="x", logprobs=1, extra_body={"logprob_token_ids": [3, 4032, -1]})
+    assert err["param"] == "logprob_token_ids"
+    assert err["message"] == ("token_id(s) [4032, -1] in logprob_token_ids contain out-of-vocab token ids. "
+                              "Vocabulary size: 4032")
+    err = bad_request(chat, messages=USER, logprobs=True, extra_body={"logprob_token_ids": []})
+    assert err["param"] == "logprob_token_ids" and err["message"] == "`logprob_token_ids` must not be an empty list."
+    err = bad_request(chat, messages=USER, extra_body={"logprob_token_ids": [3]})
+    assert err["message"] == "when using `logprob_token_ids`, `logprobs` must be set to true."
+    err = bad_request(completions, prompt="x", extra_body={"logprob_token_ids": [3]})
+    assert err["message"] == "when using `logprob_token_ids`, `logprobs` must be set."
+    err = bad_request(completions, prompt="x", logprobs=1, extra_body={"logprob_token_ids": list(range(129))})
+    assert err["param"] == "logprob_token_ids" and "greater than max allowed: 128" in err["message"]

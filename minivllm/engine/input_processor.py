@@ -95,12 +95,20 @@ class InputProcessor:
             if bad is not None:
                 raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab})")
         self._check_logprobs(params)
+        self._check_vocabulary("logprob_token_ids", params.logprob_token_ids)
         if params.bad_words and self.tokenizer is None:
             raise ValueError("bad_words needs a tokenizer, and this checkpoint has none")
         if params.structured_outputs is not None:
             if self.structured is None:
                 raise ValueError("structured_outputs needs a tokenizer, and this checkpoint has none")
             self.structured.validate(params.structured_outputs)
+
+    def _check_vocabulary(self, name: str, ids) -> None:
+        """Every token id of parameter ``name`` is in the vocabulary (all those outside named, in vLLM's words)."""
+        bad = [t for t in ids or () if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ParameterError(f"token_id(s) {bad} in {name} contain out-of-vocab token ids. Vocabulary size: "
+                                 f"{self.vocab_size}", name)
 
     def _check_logprobs(self, params: SamplingParams) -> None:
         """At most the engine's ``max_logprobs`` alternatives per token (-1 asks for the whole vocabulary), in

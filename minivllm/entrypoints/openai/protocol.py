@@ -107,6 +107,8 @@ class SamplingRequest(BaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
+    # the logprobs of these token ids at each generated token, in place of the top ones (with logprobs)
+    logprob_token_ids: list[int] | None = None
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     truncate_prompt_tokens: int | None = None
@@ -146,7 +148,8 @@ class SamplingRequest(BaseModel):
             presence_penalty=pick(self.presence_penalty, 0.0), frequency_penalty=pick(self.frequency_penalty, 0.0),
             seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
             stop=self.stop, stop_token_ids=self.stop_token_ids,
-            include_stop_str_in_output=self.include_stop_str_in_output, logprobs=logprobs,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            logprobs=None if self.logprob_token_ids else logprobs, logprob_token_ids=self.logprob_token_ids,
             skip_special_tokens=self.skip_special_tokens, logit_bias=self.token_bias(),
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,

@@ -122,13 +122,15 @@ class ServingBase:
             for tid, lp in entry.items()} for entry in out.prompt_logprobs]
 
     def completion_logprobs(self, ids, lps, k, offset, as_id: bool) -> R.CompletionLogProbs | None:
-        """The legacy completions shape of generated tokens' logprobs (None unless asked)."""
+        """The legacy completions shape of generated tokens' logprobs (None unless asked): each token's top
+        logprobs are what the engine gave, in its order (as vLLM): the token first, then its ``k`` most likely
+        alternatives or its ``logprob_token_ids``."""
         if k is None or lps is None:
             return None
         out = R.CompletionLogProbs()
         for tid, lp in zip(ids, lps):
-            offset = self._add_legacy(out, self.token_str(tid, as_id), clamp(lp[tid]), offset, {
-                self.token_str(t, as_id): clamp(v) for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:first(k)]})
+            offset = self._add_legacy(out, self.token_str(tid, as_id), clamp(lp[tid]), offset,
+                                      {self.token_str(t, as_id): clamp(v) for t, v in lp.items()})
         return out
 
     def echo_logprobs(self, out: RequestOutput, k: int, as_id: bool) -> R.CompletionLogProbs:
@@ -155,8 +157,9 @@ class ServingBase:
         res.text_offset.append(offset)
         return offset + len(s)
 
-    def chat_logprobs(self, ids, lps, k, as_id: bool) -> R.ChatLogprobs | None:
-        """Chat's shape of generated tokens' logprobs (None unless asked)."""
+    def chat_logprobs(self, ids, lps, k, as_id: bool, chosen: bool = False) -> R.ChatLogprobs | None:
+        """Chat's shape of generated tokens' logprobs (None unless asked): the ``k`` most likely tokens, or with
+        ``chosen`` (``logprob_token_ids``) the token and those ids, in that order (as vLLM)."""
         if k is None or lps is None:
             return None
 
@@ -166,11 +169,21 @@ class ServingBase:
 
         return R.ChatLogprobs(content=[
             entry(R.TokenLogprob, tid, lp[tid], top_logprobs=[
-                entry(R.TopLogprob, t, v) for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:first(k)]])
+                entry(R.TopLogprob, t, v) for t, v in (
+                    lp.items() if chosen else sorted(lp.items(), key=lambda kv: -kv[1])[:first(k)])])
             for tid, lp in zip(ids, lps)])
 
     @staticmethod
     def check_request(req: P.SamplingRequest) -> None:
-        """400s that no SamplingParams check catches."""
+        """400s that no SamplingParams check catches (vLLM's words where it has them)."""
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
+        if req.logprob_token_ids is not None:
+            if not req.logprob_token_ids:
+                raise APIError(400, "`logprob_token_ids` must not be an empty list.", param="logprob_token_ids")
+            if isinstance(req, P.ChatCompletionRequest) and not req.logprobs:
+                raise APIError(400, "when using `logprob_token_ids`, `logprobs` must be set to true.",
+                               param="logprob_token_ids")
+            if isinstance(req, P.CompletionRequest) and req.logprobs is None:
+                raise APIError(400, "when using `logprob_token_ids`, `logprobs` must be set.",
+                               param="logprob_token_ids")

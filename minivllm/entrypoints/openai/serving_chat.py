@@ -71,7 +71,8 @@ class ChatServing(ServingBase):
             if echo:
                 message.content = echo + (message.content or "")
             choices.append(R.ChatChoice(
-                index=c.index, message=message, logprobs=self.chat_logprobs(c.token_ids, c.logprobs, k, as_id),
+                index=c.index, message=message,
+                logprobs=self.chat_logprobs(c.token_ids, c.logprobs, k, as_id, bool(req.logprob_token_ids)),
                 finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)), stop_reason=c.stop_reason,
                 token_ids=list(c.token_ids) if with_ids else None))
         return json_response(R.ChatCompletionResponse(
@@ -98,7 +99,8 @@ class ChatServing(ServingBase):
         async for _, _, c in stream_outputs(streams, usage):
             text = delta_with_rest(c, sent.get(c.index, 0))
             sent[c.index] = sent.get(c.index, 0) + len(text)
-            lp = self.chat_logprobs(c.delta_token_ids, c.delta_logprobs, k, req.return_tokens_as_token_ids)
+            lp = self.chat_logprobs(c.delta_token_ids, c.delta_logprobs, k, req.return_tokens_as_token_ids,
+                                    bool(req.logprob_token_ids))
             st = streamers[c.index]
             ids_now = list(c.delta_token_ids) if req.return_token_ids else None
             delta = st.feed(text) if text else None
