@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from minivllm.config.fields import check_types
 from minivllm.structured_outputs_params import StructuredOutputsParams
 
-__all__ = ["MAX_LOGPROB_TOKEN_IDS", "ParameterError", "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["MAX_LOGPROB_TOKEN_IDS", "ParameterError", "SamplingParams", "StructuredOutputsParams", "truncate_prompt"]
 
 #: most ids in ``logprob_token_ids`` (vLLM's bound)
 MAX_LOGPROB_TOKEN_IDS = 128
@@ -55,6 +55,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
+    # which end truncate_prompt_tokens cuts: left (None too, as vLLM) keeps the last N tokens, right the first N
+    truncation_side: str | None = "left"
     structured_outputs: StructuredOutputsParams | None = None
     _stop: list[str] = field(default_factory=list, init=False, repr=False)
 
@@ -103,6 +105,8 @@ class SamplingParams:
         self._check_token_edits()
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(f"truncate_prompt_tokens must be an integer >= 1, got {self.truncate_prompt_tokens}")
+        if self.truncation_side not in (None, "left", "right"):
+            raise ValueError(f"truncation_side must be 'left' or 'right', got {self.truncation_side!r}")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
                              f"{type(self.structured_outputs).__name__}")
@@ -148,6 +152,10 @@ class SamplingParams:
                 raise ValueError(f"bad_words must be a list of non-blank strings, got {words!r}")
             self.bad_words = list(words) or None
 
+    def truncate(self, token_ids: list[int]) -> list[int]:
+        """The prompt's token ids cut to ``truncate_prompt_tokens`` on ``truncation_side``."""
+        return truncate_prompt(token_ids, self.truncate_prompt_tokens, self.truncation_side or "left")
+
     @property
     def stop_strings(self) -> list[str]:
         return self._stop
@@ -173,6 +181,14 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def truncate_prompt(token_ids: list[int], keep: int | None, side: str = "left") -> list[int]:
+    """The last ``keep`` of ``token_ids`` (``side`` left: the start is cut, as vLLM by default) or the first
+    ``keep`` (right); all of them when ``keep`` is None."""
+    if keep is None or keep >= len(token_ids):
+        return token_ids
+    return token_ids[-keep:] if side == "left" else token_ids[:keep]
 
 
 def _is_int(x) -> bool:

@@ -95,3 +95,20 @@ def test_bad_logprob_token_ids_name_the_parameter(llm, kwargs, message):
     for bad in ([], [1.5], "12"):
         with pytest.raises(ValueError, match="logprob_token_ids must be a non-empty list of token ids"):
             SamplingParams(logprob_token_ids=bad)
+
+
+# ------------------------------------------------------------------ truncation_side
+def test_truncation_side_keeps_the_first_or_the_last_tokens(llm):
+    prompt = [5 + (7 * i) % 200 for i in range(30)]
+    greedy = dict(temperature=0, max_tokens=6, ignore_eos=True)
+
+    def tokens(p, **kw):
+        return llm.generate([p], SamplingParams(**greedy, **kw), use_tqdm=False)[0]["token_ids"]
+
+    assert tokens(prompt, truncate_prompt_tokens=8, truncation_side="right") == tokens(prompt[:8])
+    assert tokens(prompt, truncate_prompt_tokens=8) == tokens(prompt[-8:])  # left, the default
+    assert tokens(prompt, truncate_prompt_tokens=8, truncation_side="left") == tokens(prompt[-8:])
+    assert tokens(prompt, truncate_prompt_tokens=8, truncation_side=None) == tokens(prompt[-8:])
+    assert tokens(prompt, truncate_prompt_tokens=50, truncation_side="right") == tokens(prompt)
+    with pytest.raises(ValueError, match="truncation_side must be 'left' or 'right', got 'middle'"):
+        SamplingParams(truncate_prompt_tokens=8, truncation_side="middle")

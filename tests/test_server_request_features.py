@@ -124,3 +124,23 @@ def test_bad_logprob_token_ids_get_a_400_naming_them(server):
     assert err["message"] == "when using `logprob_token_ids`, `logprobs` must be set."
     err = bad_request(completions, prompt="x", logprobs=1, extra_body={"logprob_token_ids": list(range(129))})
     assert err["param"] == "logprob_token_ids" and "greater than max allowed: 128" in err["message"]
+
+
+# ------------------------------------------------------------------ truncation_side
+def test_truncation_side(server):
+    prompt = [100 + 3 * i for i in range(20)]
+    body = {"max_tokens": 1, "truncate_prompt_tokens": 6, "return_token_ids": True}
+    for side, want in (("right", prompt[:6]), ("left", prompt[-6:]), (None, prompt[-6:])):
+        out = server.client.completions.create(model=NAME, prompt=prompt, extra_body={**body, "truncation_side": side})
+        assert out.choices[0].model_extra["prompt_token_ids"] == want and out.usage.prompt_tokens == 6
+    text = "def add(a, b):\n    return a + b\n"
+    ids = post(server, "/tokenize", {"prompt": text})["tokens"]
+    out = post(server, "/v1/completions", {**body, "prompt": text, "truncation_side": "right", "echo": True})
+    assert out["choices"][0]["prompt_token_ids"] == ids[:6]
+    assert out["choices"][0]["text"].startswith(post(server, "/detokenize", {"tokens": ids[:6]})["prompt"])
+    rendered = post(server, "/tokenize", {"messages": USER})["tokens"]
+    chat = server.client.chat.completions.create(model=NAME, messages=USER, max_tokens=1,
+                                                 extra_body={**body, "truncation_side": "right"})
+    assert chat.model_extra["prompt_token_ids"] == rendered[:6]
+    err = bad_request(server.client.completions.create, prompt="x", extra_body={"truncation_side": "middle"})
+    assert err["param"] == "truncation_side"

@@ -19,7 +19,8 @@ from minivllm.sampling_params import ParameterError, SamplingParams
 @dataclass(frozen=True)
 class EngineRequest:
     """A checked request, ready for the scheduler: the prompt's text (None when given as token ids) and token
-    ids (cut to ``truncate_prompt_tokens``), the engine's copy of its parameters, and each bad word's token ids."""
+    ids (cut to ``truncate_prompt_tokens`` on ``truncation_side``), the engine's copy of its parameters, and each
+    bad word's token ids."""
 
     prompt: str | None
     prompt_token_ids: list[int]
@@ -50,8 +51,7 @@ class InputProcessor:
         # the deep copy shares nothing with the caller's object
         params = copy.deepcopy(replace(params))
         text, token_ids = self._encode(prompt)
-        if params.truncate_prompt_tokens is not None:
-            token_ids = token_ids[-params.truncate_prompt_tokens:]
+        token_ids = params.truncate(token_ids)
         self._validate(token_ids, params)
         if strict_length and params.max_tokens is not None:
             total = len(token_ids) + params.max_tokens

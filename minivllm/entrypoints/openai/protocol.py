@@ -112,6 +112,7 @@ class SamplingRequest(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None  # left (default) keeps the last N tokens, right the first
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
 
@@ -153,7 +154,8 @@ class SamplingRequest(BaseModel):
             skip_special_tokens=self.skip_special_tokens, logit_bias=self.token_bias(),
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
-            truncate_prompt_tokens=self.truncate_prompt_tokens, structured_outputs=structured_outputs)
+            truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side or "left",
+            structured_outputs=structured_outputs)
 
 
 class CompletionRequest(SamplingRequest):

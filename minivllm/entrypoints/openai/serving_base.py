@@ -14,6 +14,7 @@ from minivllm.entrypoints.openai import responses as R
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.inputs import RequestLimits, Tokenization
 from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import truncate_prompt
 from minivllm.structured_outputs_params import StructuredOutputsParams
 
 
@@ -78,13 +79,13 @@ class ServingBase:
         """A token's text, or ``"token_id:N"`` (``return_tokens_as_token_ids``)."""
         return f"token_id:{token_id}" if as_id else self.tokenization.decode_now([token_id], skip_special_tokens=False)
 
-    async def prompt_ids(self, prompt: str | list[int], truncate: int | None = None, field: str = "prompt") -> list[int]:
-        """A prompt as token ids (the last ``truncate`` of them): text is tokenized off the event loop; ids longer
-        than the model's context are refused here, before the engine walks them."""
+    async def prompt_ids(self, prompt: str | list[int], truncate: int | None = None, field: str = "prompt",
+                         side: str = "left") -> list[int]:
+        """A prompt as token ids (``truncate`` of them, cut on ``side``: left keeps the last): text is tokenized off
+        the event loop; ids longer than the model's context are refused here, before the engine walks them."""
         if isinstance(prompt, str):
             prompt = await self.tokenization.encode(prompt, field, check_length=truncate is None)
-        if truncate is not None:
-            prompt = prompt[-truncate:]
+        prompt = truncate_prompt(prompt, truncate, side)
         max_model_len = self.llm.model_info().max_model_len
         if len(prompt) >= max_model_len:
             raise APIError(400, f"the prompt has {len(prompt)} tokens, but max_model_len is "

@@ -16,7 +16,7 @@ from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
 from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
 from minivllm.entrypoints.openai.structured import constraint
-from minivllm.sampling_params import ParameterError
+from minivllm.sampling_params import ParameterError, truncate_prompt
 
 
 class ChatServing(ServingBase):
@@ -43,8 +43,7 @@ class ChatServing(ServingBase):
         tail = self.tokenization.decode_now(ids[-8:], skip_special_tokens=False) if self.parsers.reasoning_parser else ""
         reader = ChatOutputReader(choice if req.tools else "none", self.parsers.tool_call_parser,
                                   self.parsers.reasoning_parser, tail)
-        if req.truncate_prompt_tokens is not None:
-            ids = ids[-req.truncate_prompt_tokens:]
+        ids = truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side or "left")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
             max_tokens = max(1, self.llm.model_info().max_model_len - len(ids))

@@ -38,7 +38,7 @@ class CompletionServing(ServingBase):
         so, field = constraint(req.response_format, req.structured_outputs)
         params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_k, so)
         await self.prepare_grammar(so, field)
-        ids = [await self.prompt_ids(p, req.truncate_prompt_tokens) for p in prompts]
+        ids = [await self.prompt_ids(p, req.truncate_prompt_tokens, side=params.truncation_side or "left") for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
         echo = [await self.tokenization.decode(p) if req.echo else "" for p in ids]
         streams = await self.start(ids, params, rid)
