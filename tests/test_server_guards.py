@@ -206,7 +206,7 @@ def test_wrong_types_and_out_of_range_values_get_400(server, body):
     _error(_post(server, "/v1/completions", body), 400)
 
 
-@pytest.mark.parametrize("extra", [{"seed": 2**70}, {"seed": -(2**70)}, {"top_k": 2**70},
+@pytest.mark.parametrize("extra", [{"top_k": 2**70},
                                    {"stop_token_ids": [2**70]}, {"temperature": 1e308}])
 def test_huge_but_valid_values_are_served(server, extra):
     r = _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2, **extra})

@@ -144,3 +144,16 @@ def test_truncation_side(server):
     assert chat.model_extra["prompt_token_ids"] == rendered[:6]
     err = bad_request(server.client.completions.create, prompt="x", extra_body={"truncation_side": "middle"})
     assert err["param"] == "truncation_side"
+
+
+# ------------------------------------------------------------------ seed
+def test_a_seed_outside_int64_gets_a_400(server):
+    for seed in (2**63, -(2**63) - 1, 2**70):
+        err = bad_request(server.client.completions.create, prompt="x", max_tokens=2, seed=seed)
+        assert err["param"] == "seed"
+        err = bad_request(server.client.chat.completions.create, messages=USER, max_tokens=2, seed=seed, stream=True)
+        assert err["param"] == "seed"
+    for seed in (2**63 - 1, -(2**63)):  # the ends of int64 are seeds
+        twice = [server.client.completions.create(model=NAME, prompt="x", max_tokens=4, seed=seed, temperature=1,
+                                                  extra_body={"ignore_eos": True}).choices[0].text for _ in range(2)]
+        assert twice[0] == twice[1]

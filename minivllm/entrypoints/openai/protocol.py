@@ -88,7 +88,7 @@ class SamplingRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # an int64, as vLLM's
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stream: bool = False
