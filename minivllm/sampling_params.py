@@ -133,14 +133,14 @@ class SamplingParams:
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError(f"logit_bias must be a dict of token id to bias, got {type(self.logit_bias).__name__}")
-            bias = {}
-            for k, v in self.logit_bias.items():
-                if not _is_int(k) or k < 0:
-                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
-                if not _is_real(v) or not -100.0 <= v <= 100.0:
-                    raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {k}")
-                bias[int(k)] = float(v)
-            self.logit_bias = bias or None
+            # every bad key (and value) named at once, not only the first
+            keys = [k for k in self.logit_bias if not _is_int(k) or k < 0]
+            if keys:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {keys!r}")
+            values = {k: v for k, v in self.logit_bias.items() if not _is_real(v) or not -100.0 <= v <= 100.0}
+            if values:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {values!r} (token: bias)")
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()} or None
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids
             if not isinstance(ids, (list, tuple)) or not ids or any(not _is_int(t) or t < 0 for t in ids):

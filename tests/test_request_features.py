@@ -112,3 +112,21 @@ def test_truncation_side_keeps_the_first_or_the_last_tokens(llm):
     assert tokens(prompt, truncate_prompt_tokens=50, truncation_side="right") == tokens(prompt)
     with pytest.raises(ValueError, match="truncation_side must be 'left' or 'right', got 'middle'"):
         SamplingParams(truncate_prompt_tokens=8, truncation_side="middle")
+
+
+# ------------------------------------------------------------------ the errors clients match on
+def test_every_bad_token_id_is_named(llm):
+    with pytest.raises(ValueError, match=r"logit_bias keys must be token ids \(integers >= 0\), got \['a', -1\]"):
+        SamplingParams(logit_bias={"a": 1.0, 3: 1.0, -1: 2.0})
+    with pytest.raises(ValueError, match=r"logit_bias values must be numbers in \[-100, 100\], got \{3: 101"):
+        SamplingParams(logit_bias={3: 101, 4: 1.0, 5: float("nan")})
+    for name, value, bad in (("logit_bias", {448: 1.0, 3: 1.0, 500: 2.0}, "[448, 500]"),
+                             ("allowed_token_ids", [3, 448, 449], "[448, 449]"),
+                             ("stop_token_ids", [448, 3], "[448]")):
+        with pytest.raises(ParameterError, match=rf"token_id\(s\) \{bad} in {name} contain out-of-vocab token ids. "
+                                                 r"Vocabulary size: 448") as exc:
+            llm.generate(["x"], SamplingParams(**{name: value}), use_tqdm=False)
+        assert exc.value.parameter == name
+    with pytest.raises(ParameterError, match=r"^Token id 900 is out of vocabulary") as exc:
+        llm.generate([[3, 900, 448]], SamplingParams(), use_tqdm=False)
+    assert exc.value.parameter == "prompt"

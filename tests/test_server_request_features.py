@@ -157,3 +157,49 @@ def test_a_seed_outside_int64_gets_a_400(server):
         twice = [server.client.completions.create(model=NAME, prompt="x", max_tokens=4, seed=seed, temperature=1,
                                                   extra_body={"ignore_eos": True}).choices[0].text for _ in range(2)]
         assert twice[0] == twice[1]
+
+
+# ------------------------------------------------------------------ the errors clients match on
+def test_every_bad_logit_bias_key_is_named(server):
+    completions, chat = server.client.completions.create, server.client.chat.completions.create
+    err = bad_request(chat, messages=USER, max_tokens=2, logit_bias={"bad1": 50.0, "bad2": 20.0, "7": 1.0})
+    assert err["param"] == "logit_bias"
+    assert err["message"] == ("logit_bias contains key(s) that cannot be converted to integer token IDs: "
+                              "['bad1', 'bad2']")
+    err = bad_request(completions, prompt="x", max_tokens=2, logit_bias={"4033": 1, "5": 1, "99999": -1})
+    assert err["param"] == "logit_bias"
+    assert err["message"] == ("token_id(s) [4033, 99999] in logit_bias contain out-of-vocab token ids. "
+                              "Vocabulary size: 4032")
+    err = bad_request(completions, prompt="x", max_tokens=2, logit_bias={"-1": 1, "-2": 1})
+    assert err["param"] == "logit_bias" and "[-1, -2]" in err["message"]
+    err = bad_request(chat, messages=USER, max_tokens=2, logit_bias={"1": 101, "2": -300})
+    assert err["param"] == "logit_bias" and "1: 101" in err["message"] and "2: -300" in err["message"]
+    assert err["message"].startswith("logit_bias values must be numbers in [-100, 100]")
+    ok = chat(model=NAME, messages=USER, max_tokens=2, logit_bias={"4031": 1.0})
+    assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+def test_an_empty_prompt_gets_vllms_error(server):
+    completions = server.client.completions.create
+    for prompt in ("", [], None):
+        err = bad_request(completions, prompt=prompt, max_tokens=2)
+        assert err["message"] == "Either prompt or prompt_embeds must be provided and non-empty."
+        assert err["param"] == "prompt"
+    for prompt in ([""], ["x", ""], [[1], []]):
+        err = bad_request(completions, prompt=prompt, max_tokens=2)
+        assert err["message"] == "The decoder prompt cannot be empty" and err["param"] == "prompt"
+    err = bad_request(completions, prompt="x", max_tokens=2, extra_body={"truncation_side": "right",
+                                                                         "truncate_prompt_tokens": 0})
+    assert err["param"] == "truncate_prompt_tokens"
+
+
+def test_token_ids_out_of_the_vocabulary_get_vllms_error(server):
+    completions, chat = server.client.completions.create, server.client.chat.completions.create
+    for prompt, bad in (([999999], 999999), ([5, 4032, 4100], 4100), ([[1, 2], [3, -7]], -7)):
+        err = bad_request(completions, prompt=prompt, max_tokens=2)
+        assert err["param"] == "prompt" and err["message"].startswith(f"Token id {bad} is out of vocabulary")
+    for field, value in (("stop_token_ids", [4032, 3]), ("allowed_token_ids", [3, 4032, 5000])):
+        err = bad_request(chat, messages=USER, max_tokens=2, extra_body={field: value})
+        assert err["param"] == field and "4032" in err["message"] and "Vocabulary size: 4032" in err["message"]
+    err = bad_request(chat, messages=USER, max_tokens=2, extra_body={"stop_token_ids": [-1]})
+    assert err["param"] == "stop_token_ids"

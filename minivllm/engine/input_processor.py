@@ -80,22 +80,22 @@ class InputProcessor:
         raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        """Raises ParameterError in vLLM's words where clients match on them (an empty prompt, token ids outside
+        the vocabulary: every one named), ValueError naming the parameter otherwise."""
         if not token_ids:
-            raise ValueError("the prompt is empty: it must have at least one token")
+            raise ParameterError("The decoder prompt cannot be empty", "prompt")
         max_len = self.max_model_len
         if len(token_ids) >= max_len:  # before the walk over the ids below
             raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is {max_len}: "
                              f"it must be shorter to leave room for at least one generated token")
         vocab = self.vocab_size
-        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
-            bad = next((t for t in ids if t >= vocab), None)
-            if bad is not None:
-                raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab})")
+        low, high = min(token_ids), max(token_ids)
+        if low < 0 or high >= vocab:  # vLLM names the largest id
+            raise ParameterError(f"Token id {high if high >= vocab else low} is out of vocabulary (the model's has "
+                                 f"{vocab} tokens)", "prompt")
+        for name in ("logit_bias", "allowed_token_ids", "stop_token_ids", "logprob_token_ids"):
+            self._check_vocabulary(name, getattr(params, name))
         self._check_logprobs(params)
-        self._check_vocabulary("logprob_token_ids", params.logprob_token_ids)
         if params.bad_words and self.tokenizer is None:
             raise ValueError("bad_words needs a tokenizer, and this checkpoint has none")
         if params.structured_outputs is not None:

@@ -126,14 +126,18 @@ class SamplingRequest(BaseModel):
         return self.include_usage and self.stream_options.continuous_usage_stats
 
     def token_bias(self) -> dict[int, float] | None:
-        """``logit_bias`` with its keys as token ids (OpenAI sends them as strings)."""
+        """``logit_bias`` with its keys as token ids (OpenAI sends them as strings); every key that is not one named,
+        in vLLM's words."""
         if self.logit_bias is None:
             return None
-        bias = {}
+        bias, bad = {}, []
         for key, value in self.logit_bias.items():
-            if not key.strip().lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys must be token ids (integers), got {key!r}")
-            bias[int(key)] = value
+            try:
+                bias[int(key)] = value
+            except ValueError:
+                bad.append(key)
+        if bad:
+            raise ValueError(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad!r}")
         return bias
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
@@ -162,8 +166,8 @@ class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``: prompt as text, texts, token ids or lists of token ids."""
 
     # tried left to right, strict ints first: a long list of ids validates quickly, and a list of digit
-    # strings stays text
-    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]] = Field(union_mode="left_to_right")
+    # strings stays text; a missing one gets vLLM's error, as an empty one does (serving_completion)
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]] | None = Field(None, union_mode="left_to_right")
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None

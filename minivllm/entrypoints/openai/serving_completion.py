@@ -24,10 +24,11 @@ class CompletionServing(ServingBase):
         self.check_model(req.model)
         self.check_request(req)
         self.llm.check_usable()
-        prompts = [req.prompt] if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) \
-            else list(req.prompt)
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise APIError(400, "prompt must not be empty", param="prompt")
+        if not req.prompt:  # vLLM's words, which clients match on
+            raise APIError(400, "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
+        prompts = [req.prompt] if isinstance(req.prompt, str) or isinstance(req.prompt[0], int) else list(req.prompt)
+        if any(len(p) == 0 for p in prompts):
+            raise APIError(400, "The decoder prompt cannot be empty", param="prompt")
         self.limits.check(req, req.logprobs, "logprobs")
         # echo with logprobs scores the prompt too: prompt logprobs with the same number of alternatives
         prompt_k = req.prompt_logprobs
