@@ -1,11 +1,13 @@
 """vLLM's request features that its users' code relies on, over HTTP through the official openai client on the
-demo model: logprobs up to the engine's --max-logprobs, in vLLM's words beyond it."""
+demo model: logprobs up to the engine's --max-logprobs, logprob_token_ids, truncation_side, int64 seeds, the error
+messages clients match on, and the token strings and ids of logprobs and echo."""
 
 from __future__ import annotations
 
 import httpx
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from tests.helpers.server_utils import ROOT, running_server
 
@@ -13,7 +15,9 @@ pytestmark = [pytest.mark.server,
               pytest.mark.skipif(not (ROOT / "models" / "minivllm-demo-py").is_dir(), reason="no demo model")]
 DEMO = str(ROOT / "models" / "minivllm-demo-py")
 NAME = "demo"
-ARGS = ["--served-model-name", NAME, "--device", "cpu", "--max-model-len", "512", "--max-logprobs", "30"]
+# NOTE: --return-tokens-as-token-ids makes "token_id:N" the default of the requests that do not say
+ARGS = ["--served-model-name", NAME, "--device", "cpu", "--max-model-len", "512", "--max-logprobs", "30",
+        "--return-tokens-as-token-ids"]
 USER = [{"role": "user", "content": "What does `bisect.insort` do?"}]
 
 
@@ -203,3 +207,74 @@ def test_token_ids_out_of_the_vocabulary_get_vllms_error(server):
         assert err["param"] == field and "4032" in err["message"] and "Vocabulary size: 4032" in err["message"]
     err = bad_request(chat, messages=USER, max_tokens=2, extra_body={"stop_token_ids": [-1]})
     assert err["param"] == "stop_token_ids"
+
+
+# ------------------------------------------------------------------ token strings and ids
+def test_completion_tokens_as_token_ids_with_echo(server):
+    """vLLM's test_return_tokens_as_ids: the server's flag, or the request's field, names every token of the echoed
+    prompt and of the completion ``token_id:N``, the first key of each top_logprobs; they decode to the text."""
+    tokenizer = AutoTokenizer.from_pretrained(DEMO)
+    prompt = "<|im_start|>Say 'Hello, world! \U0001f389'"  # a special token, and an emoji over several tokens
+    for extra in ({}, {"return_tokens_as_token_ids": True}):
+        out = server.client.completions.create(model=NAME, prompt=prompt, echo=True, temperature=0, max_tokens=10,
+                                               logprobs=1, extra_body={"ignore_eos": True, **extra})
+        c = out.choices[0]
+        assert c.text.startswith(prompt)  # a text prompt is echoed as sent
+        tokens = c.logprobs.tokens
+        assert all(t.startswith("token_id:") for t in tokens) and c.logprobs.top_logprobs[0] is None
+        assert tokens[1:] == [next(iter(top)) for top in c.logprobs.top_logprobs[1:]]
+        ids = [int(t.removeprefix("token_id:")) for t in tokens]
+        assert ids[:len(tokenizer.encode(prompt))] == tokenizer.encode(prompt)
+        assert c.text == tokenizer.decode(ids[:1], skip_special_tokens=False) + tokenizer.decode(ids[1:])
+
+
+def test_completion_token_strings_with_echo_keep_special_tokens(server):
+    tokenizer = AutoTokenizer.from_pretrained(DEMO)
+    prompt = tokenizer.encode("<|im_start|>user\ndef f(x):<|im_end|>")
+    out = server.client.completions.create(model=NAME, prompt=prompt, echo=True, temperature=0, max_tokens=4,
+                                           logprobs=2, extra_body={"ignore_eos": True,
+                                                                   "return_tokens_as_token_ids": False})
+    c = out.choices[0]
+    echoed = tokenizer.decode(prompt, skip_special_tokens=False)
+    assert echoed.startswith("<|im_start|>user") and echoed.endswith("<|im_end|>") and c.text.startswith(echoed)
+    lp = c.logprobs
+    assert lp.tokens[:len(prompt)] == [tokenizer.decode([t]) for t in prompt]
+    assert "".join(lp.tokens[:len(prompt)]) == echoed and lp.text_offset[len(prompt)] == len(echoed)
+    for token, top in zip(lp.tokens[1:], lp.top_logprobs[1:]):
+        assert next(iter(top)) == token and 2 <= len(top) <= 3  # the token first, then its 2 alternatives
+    streamed = list(server.client.completions.create(
+        model=NAME, prompt=prompt, echo=True, temperature=0, max_tokens=4, logprobs=2, stream=True,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": False}))
+    assert "".join(e.choices[0].text for e in streamed) == c.text
+    assert [t for e in streamed if e.choices[0].logprobs for t in e.choices[0].logprobs.tokens] == lp.tokens
+
+
+def test_chat_tokens_as_token_ids(server):
+    tokenizer = AutoTokenizer.from_pretrained(DEMO)
+    messages = [{"role": "system", "content": "You like to respond in only emojis, like \U0001f389"},
+                {"role": "user", "content": "Please write some emojis: \U0001f431\U0001f436\U0001f389"}]
+    for extra in ({}, {"return_tokens_as_token_ids": True}):
+        out = server.client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=8,
+                                                    logprobs=True, top_logprobs=2, extra_body=extra)
+        content = out.choices[0].logprobs.content
+        ids = [int(c.token.removeprefix("token_id:")) for c in content]
+        assert tokenizer.decode(ids, skip_special_tokens=True) == out.choices[0].message.content
+        for c, tid in zip(content, ids):  # the token's bytes are its text's; its alternatives' their names'
+            assert c.bytes == list(tokenizer.decode([tid]).encode("utf-8"))
+            assert all(t.token.startswith("token_id:") and t.bytes == list(t.token.encode()) for t in c.top_logprobs)
+    plain = server.client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=8,
+                                                  logprobs=True, extra_body={"return_tokens_as_token_ids": False})
+    assert [c.token for c in plain.choices[0].logprobs.content] == [tokenizer.decode([t]) for t in ids]
+
+
+def test_chat_echo_with_logprobs_scores_the_prompt(server):
+    messages = [USER[0], {"role": "assistant", "content": "Insert x in a"}]
+    body = {"echo": True, "continue_final_message": True, "add_generation_prompt": False, "return_token_ids": True}
+    out = server.client.chat.completions.create(model=NAME, messages=messages, max_tokens=3, logprobs=True,
+                                                top_logprobs=2, extra_body=body)
+    assert out.choices[0].message.content.startswith("Insert x in a")
+    prompt_ids, prompt_lps = out.model_extra["prompt_token_ids"], out.model_extra["prompt_logprobs"]
+    assert len(prompt_lps) == len(prompt_ids) and prompt_lps[0] is None
+    assert all(str(t) in e and len(e) <= 3 for t, e in zip(prompt_ids[1:], prompt_lps[1:]))
+    plain = server.client.chat.completions.create(model=NAME, messages=messages, max_tokens=3, extra_body=body)
+    assert plain.model_extra.get("prompt_logprobs") is None

@@ -44,6 +44,8 @@ class ServerConfig:
     tool_call_parser: str | None = arg(None, "how the model writes tool calls: hermes (<tool_call> blocks, "
                                              "Qwen2.5 / Qwen3) or llama3_json (Llama 3.x)",
                                        choices=("hermes", "llama3_json"))
+    return_tokens_as_token_ids: bool = arg(False, "name the tokens of logprobs 'token_id:N' unless a request says "
+                                                  "otherwise (return_tokens_as_token_ids), as vLLM's flag")
     reasoning_parser: str | None = arg(None, "move the model's <think>...</think> into reasoning_content: qwen3",
                                        choices=("qwen3",))
     autoscale_max_replicas: int | None = arg(None, "with --data-parallel-size N: let Ray Serve add engine replicas, "

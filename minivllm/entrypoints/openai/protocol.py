@@ -110,7 +110,7 @@ class SamplingRequest(BaseModel):
     # the logprobs of these token ids at each generated token, in place of the top ones (with logprobs)
     logprob_token_ids: list[int] | None = None
     return_token_ids: bool = False
-    return_tokens_as_token_ids: bool = False
+    return_tokens_as_token_ids: bool | None = None  # None: the server's --return-tokens-as-token-ids
     truncate_prompt_tokens: int | None = None
     truncation_side: Literal["left", "right"] | None = None  # left (default) keeps the last N tokens, right the first
     response_format: ResponseFormat | None = None

@@ -58,8 +58,10 @@ class ServingBase:
     """Serves requests on an engine client (once its engine is ready) under one model name."""
 
     def __init__(self, llm: EngineClient, model_name: str, limits: RequestLimits = RequestLimits(),
-                 parsers: ChatParsers = ChatParsers()):
+                 parsers: ChatParsers = ChatParsers(), tokens_as_ids: bool = False):
+        """``tokens_as_ids``: the server's default of ``return_tokens_as_token_ids``."""
         self.llm, self.model_name, self.limits, self.parsers = llm, model_name, limits, parsers
+        self.tokens_as_ids = tokens_as_ids
         self._tokenization: Tokenization | None = None
 
     @property
@@ -74,6 +76,11 @@ class ServingBase:
         """404 unless ``model`` is the served name (or omitted)."""
         if model is not None and model != self.model_name:
             raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+    def as_ids(self, req: P.SamplingRequest) -> bool:
+        """Whether ``req``'s logprobs name tokens ``"token_id:N"``: its ``return_tokens_as_token_ids``, else the
+        server's default."""
+        return self.tokens_as_ids if req.return_tokens_as_token_ids is None else req.return_tokens_as_token_ids
 
     def token_str(self, token_id: int, as_id: bool = False) -> str:
         """A token's text, or ``"token_id:N"`` (``return_tokens_as_token_ids``)."""
@@ -136,16 +143,17 @@ class ServingBase:
 
     def echo_logprobs(self, out: RequestOutput, k: int, as_id: bool) -> R.CompletionLogProbs:
         """The prompt's tokens in the legacy completions shape (``echo`` with ``logprobs``): the first token has
-        no logprob."""
+        no logprob; each other's top logprobs are it, then its ``k`` most likely alternatives (vLLM's order)."""
         res, offset = R.CompletionLogProbs(), 0
         for tid, entry in zip(out.prompt_token_ids, out.prompt_logprobs or []):
             s = self.token_str(tid, as_id)
             if entry is None:
                 offset = self._add_legacy(res, s, None, offset, None)
                 continue
-            top = sorted(entry.items(), key=lambda kv: kv[1].rank)[:first(k)]
-            offset = self._add_legacy(res, s, clamp(entry[tid].logprob), offset,
-                                      {self.token_str(t, as_id): clamp(lp.logprob) for t, lp in top})
+            others = sorted(((t, lp) for t, lp in entry.items() if t != tid), key=lambda kv: kv[1].rank)
+            top = {s: clamp(entry[tid].logprob)}
+            top.update((self.token_str(t, as_id), clamp(lp.logprob)) for t, lp in others[:first(k)])
+            offset = self._add_legacy(res, s, top[s], offset, top)
         return res
 
     @staticmethod
@@ -164,12 +172,13 @@ class ServingBase:
         if k is None or lps is None:
             return None
 
-        def entry(cls, tid, v, **kw):
+        def entry(cls, tid, v, text: str | None = None, **kw):
             s = self.token_str(tid, as_id)
-            return cls(token=s, logprob=clamp(v), bytes=list(s.encode("utf-8")), **kw)
+            return cls(token=s, logprob=clamp(v), bytes=list((s if text is None else text).encode("utf-8")), **kw)
 
+        # a generated token's bytes are its text's, even as "token_id:N"; an alternative's, its token's (vLLM's)
         return R.ChatLogprobs(content=[
-            entry(R.TokenLogprob, tid, lp[tid], top_logprobs=[
+            entry(R.TokenLogprob, tid, lp[tid], text=self.token_str(tid), top_logprobs=[
                 entry(R.TopLogprob, t, v) for t, v in (
                     lp.items() if chosen else sorted(lp.items(), key=lambda kv: -kv[1])[:first(k)])])
             for tid, lp in zip(ids, lps)])

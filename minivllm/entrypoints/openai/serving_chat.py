@@ -47,7 +47,9 @@ class ChatServing(ServingBase):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
             max_tokens = max(1, self.llm.model_info().max_model_len - len(ids))
-        params = req.to_sampling_params(max_tokens, k, structured_outputs=so)
+        # echo with logprobs scores the prompt too, in the response's prompt_logprobs (vLLM's; not in a stream)
+        prompt_k = k if req.echo and req.prompt_logprobs is None and not req.stream else None
+        params = req.to_sampling_params(max_tokens, k, prompt_k, structured_outputs=so)
         await self.prepare_grammar(so, field)
         # echo repeats the last message when it is the assistant's (the role that is generated), as vLLM
         last = req.messages[-1]
@@ -63,7 +65,7 @@ class ChatServing(ServingBase):
             return StreamingResponse(guarded(self._chat_stream(req, rid, streams, ids, k, echo, reader)),
                                      media_type="text/event-stream")
         (out,) = await collect(streams, raw)
-        as_id, with_ids = req.return_tokens_as_token_ids, req.return_token_ids
+        as_id, with_ids = self.as_ids(req), req.return_token_ids
         choices = []
         for c in out.outputs:
             message = reader.message(c.text)
@@ -76,7 +78,7 @@ class ChatServing(ServingBase):
                 token_ids=list(c.token_ids) if with_ids else None))
         return json_response(R.ChatCompletionResponse(
             id=rid, model=self.model_name, choices=choices, usage=final_usage([out]),
-            prompt_logprobs=self.prompt_logprobs(out) if req.prompt_logprobs is not None else None,
+            prompt_logprobs=self.prompt_logprobs(out) if params.prompt_logprobs is not None else None,
             prompt_token_ids=list(out.prompt_token_ids) if with_ids else None))
 
     async def _chat_stream(self, req, rid, streams, ids, k, echo, reader) -> AsyncIterator[str]:
@@ -98,7 +100,7 @@ class ChatServing(ServingBase):
         async for _, _, c in stream_outputs(streams, usage):
             text = delta_with_rest(c, sent.get(c.index, 0))
             sent[c.index] = sent.get(c.index, 0) + len(text)
-            lp = self.chat_logprobs(c.delta_token_ids, c.delta_logprobs, k, req.return_tokens_as_token_ids,
+            lp = self.chat_logprobs(c.delta_token_ids, c.delta_logprobs, k, self.as_ids(req),
                                     bool(req.logprob_token_ids))
             st = streamers[c.index]
             ids_now = list(c.delta_token_ids) if req.return_token_ids else None

@@ -39,9 +39,10 @@ class CompletionServing(ServingBase):
         so, field = constraint(req.response_format, req.structured_outputs)
         params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_k, so)
         await self.prepare_grammar(so, field)
-        ids = [await self.prompt_ids(p, req.truncate_prompt_tokens, side=params.truncation_side or "left") for p in prompts]
+        side = params.truncation_side or "left"
+        ids = [await self.prompt_ids(p, req.truncate_prompt_tokens, side=side) for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
-        echo = [await self.tokenization.decode(p) if req.echo else "" for p in ids]
+        echo = [await self._echo(req, p, q) for p, q in zip(prompts, ids)]
         streams = await self.start(ids, params, rid)
         if req.stream:
             return StreamingResponse(guarded(self._completion_stream(req, rid, streams, ids, echo)),
@@ -51,10 +52,9 @@ class CompletionServing(ServingBase):
         for i, out in enumerate(finals):
             prompt_lps = self.prompt_logprobs(out) if req.prompt_logprobs is not None else None
             for c in out.outputs:
-                lp = self.completion_logprobs(c.token_ids, c.logprobs, req.logprobs, len(echo[i]),
-                                              req.return_tokens_as_token_ids)
+                lp = self.completion_logprobs(c.token_ids, c.logprobs, req.logprobs, len(echo[i]), self.as_ids(req))
                 if lp is not None and req.echo:
-                    lp = self._join(self.echo_logprobs(out, req.logprobs, req.return_tokens_as_token_ids), lp)
+                    lp = self._join(self.echo_logprobs(out, req.logprobs, self.as_ids(req)), lp)
                 choices.append(R.CompletionChoice(
                     index=i * params.n + c.index, text=echo[i] + c.text, logprobs=lp, finish_reason=c.finish_reason,
                     stop_reason=c.stop_reason, prompt_logprobs=prompt_lps,
@@ -62,6 +62,15 @@ class CompletionServing(ServingBase):
                     token_ids=list(c.token_ids) if req.return_token_ids else None))
         return json_response(R.CompletionResponse(id=rid, model=self.model_name, choices=choices,
                                                   usage=final_usage(finals)))
+
+    async def _echo(self, req: P.CompletionRequest, prompt: str | list[int], ids: list[int]) -> str:
+        """What ``echo`` repeats of a prompt, as vLLM: a text as sent; token ids (or a cut text) decoded with their
+        special tokens."""
+        if not req.echo:
+            return ""
+        if isinstance(prompt, str) and req.truncate_prompt_tokens is None:
+            return prompt
+        return await self.tokenization.decode(ids, skip_special_tokens=False)
 
     @staticmethod
     def _join(prompt: R.CompletionLogProbs, gen: R.CompletionLogProbs) -> R.CompletionLogProbs:
@@ -71,7 +80,7 @@ class CompletionServing(ServingBase):
                                     top_logprobs=prompt.top_logprobs + gen.top_logprobs)
 
     async def _completion_stream(self, req, rid, streams, ids, echo) -> AsyncIterator[str]:
-        n, as_id = req.n, req.return_tokens_as_token_ids
+        n, as_id = req.n, self.as_ids(req)
         sent: dict[int, int] = {}  # choice index -> completion characters streamed so far
         usage = new_usage(sum(len(p) for p in ids))
 
