@@ -8,7 +8,19 @@ from dataclasses import dataclass, field
 from minivllm.config.fields import check_types
 from minivllm.structured_outputs_params import StructuredOutputsParams
 
-__all__ = ["SamplingParams", "StructuredOutputsParams"]
+__all__ = ["MAX_LOGPROB_TOKEN_IDS", "ParameterError", "SamplingParams", "StructuredOutputsParams", "truncate_prompt"]
+
+#: most ids in ``logprob_token_ids`` (vLLM's bound)
+MAX_LOGPROB_TOKEN_IDS = 128
+
+
+class ParameterError(ValueError):
+    """A ValueError about one request parameter, named by ``parameter`` (the server's 400 names it), for messages
+    that do not start with the parameter's name (vLLM's wording, which clients match on)."""
+
+    def __init__(self, message: str, parameter: str | None = None):
+        super().__init__(message)
+        self.parameter = parameter  # NOTE: in __dict__, so it survives pickling (Ray Serve replicas)
 
 
 @dataclass
@@ -38,10 +50,13 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None  # the logprobs of these ids at each generated token (vLLM's)
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
+    # which end truncate_prompt_tokens cuts: left (None too, as vLLM) keeps the last N tokens, right the first N
+    truncation_side: str | None = "left"
     structured_outputs: StructuredOutputsParams | None = None
     _stop: list[str] = field(default_factory=list, init=False, repr=False)
 
@@ -71,8 +86,11 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            raise ValueError(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+        # how many alternatives: -1 is the whole vocabulary; the engine's max_logprobs bounds them
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and k < 0 and k != -1:
+                raise ValueError(f"{name} must be non-negative or -1, got {k}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -83,28 +101,46 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         self.stop_token_ids = ids
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
-            raise ValueError(f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs!r}")
+        self._check_logprob_token_ids()
         self._check_token_edits()
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(f"truncate_prompt_tokens must be an integer >= 1, got {self.truncate_prompt_tokens}")
+        if self.truncation_side not in (None, "left", "right"):
+            raise ValueError(f"truncation_side must be 'left' or 'right', got {self.truncation_side!r}")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
                              f"{type(self.structured_outputs).__name__}")
+
+    def _check_logprob_token_ids(self) -> None:
+        """``logprob_token_ids``: at most ``MAX_LOGPROB_TOKEN_IDS`` ids, whose logprobs replace the top-k
+        alternatives; ``logprobs``, if set too, must count them (vLLM's rules and words)."""
+        ids = self.logprob_token_ids
+        if ids is None:
+            return
+        if not isinstance(ids, (list, tuple)) or not ids or any(not _is_int(t) for t in ids):
+            raise ValueError(f"logprob_token_ids must be a non-empty list of token ids, got {ids!r}")
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise ParameterError(f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
+                                 f"allowed: {MAX_LOGPROB_TOKEN_IDS}", "logprob_token_ids")
+        if self.logprobs is not None and self.logprobs != len(ids):
+            raise ParameterError(f"When both logprobs and logprob_token_ids are set, logprobs must equal "
+                                 f"len(logprob_token_ids). Got logprobs={self.logprobs}, "
+                                 f"len(logprob_token_ids)={len(ids)}.", "logprob_token_ids")
+        self.logprob_token_ids = [int(t) for t in ids]
 
     def _check_token_edits(self) -> None:
         """``logit_bias`` ({token id: bias in [-100, 100]}), ``allowed_token_ids`` and ``bad_words``."""
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError(f"logit_bias must be a dict of token id to bias, got {type(self.logit_bias).__name__}")
-            bias = {}
-            for k, v in self.logit_bias.items():
-                if not _is_int(k) or k < 0:
-                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
-                if not _is_real(v) or not -100.0 <= v <= 100.0:
-                    raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {k}")
-                bias[int(k)] = float(v)
-            self.logit_bias = bias or None
+            # every bad key (and value) named at once, not only the first
+            keys = [k for k in self.logit_bias if not _is_int(k) or k < 0]
+            if keys:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {keys!r}")
+            values = {k: v for k, v in self.logit_bias.items() if not _is_real(v) or not -100.0 <= v <= 100.0}
+            if values:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {values!r} (token: bias)")
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()} or None
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids
             if not isinstance(ids, (list, tuple)) or not ids or any(not _is_int(t) or t < 0 for t in ids):
@@ -116,9 +152,21 @@ class SamplingParams:
                 raise ValueError(f"bad_words must be a list of non-blank strings, got {words!r}")
             self.bad_words = list(words) or None
 
+    def truncate(self, token_ids: list[int]) -> list[int]:
+        """The prompt's token ids cut to ``truncate_prompt_tokens`` on ``truncation_side``."""
+        return truncate_prompt(token_ids, self.truncate_prompt_tokens, self.truncation_side or "left")
+
     @property
     def stop_strings(self) -> list[str]:
         return self._stop
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """The alternatives each generated token reports (None: no logprobs): ``logprobs``, or as many as
+        ``logprob_token_ids`` names (as vLLM's ``SamplingParams.num_logprobs``)."""
+        if self.logprobs is not None:
+            return self.logprobs
+        return len(self.logprob_token_ids) if self.logprob_token_ids else None
 
     @property
     def has_penalties(self) -> bool:
@@ -133,6 +181,14 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def truncate_prompt(token_ids: list[int], keep: int | None, side: str = "left") -> list[int]:
+    """The last ``keep`` of ``token_ids`` (``side`` left: the start is cut, as vLLM by default) or the first
+    ``keep`` (right); all of them when ``keep`` is None."""
+    if keep is None or keep >= len(token_ids):
+        return token_ids
+    return token_ids[-keep:] if side == "left" else token_ids[:keep]
 
 
 def _is_int(x) -> bool:

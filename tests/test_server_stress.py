@@ -195,7 +195,7 @@ _FIELDS = ["model", "n", "best_of", "temperature", "top_p", "top_k", "min_p", "s
            "logit_bias", "allowed_token_ids", "bad_words", "prompt_logprobs", "return_token_ids",
            "return_tokens_as_token_ids", "truncate_prompt_tokens", "continue_final_message", "chat_template",
            "chat_template_kwargs", "response_format", "structured_outputs", "tools", "tool_choice",
-           "parallel_tool_calls"]
+           "parallel_tool_calls", "logprob_token_ids", "truncation_side"]
 _MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "\ud800"]) | _VALUES},
                                  optional={"content": _VALUES, "name": _VALUES})
 _BODIES = st.one_of(

@@ -110,7 +110,7 @@ def test_engine_logit_bias_allowed_ids_and_bad_words(llm):
     ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"allowed_token_ids": [1, -2]}, "allowed_token_ids"),
     ({"bad_words": ["ok", " "]}, "bad_words"),
-    ({"prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt_logprobs": -2}, "prompt_logprobs"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
 ])
 def test_bad_values_name_the_parameter(kwargs, message):

@@ -60,6 +60,8 @@ class ModelConfig:
     load_format: str = arg("auto", "auto or safetensors (the checkpoint's weights), or dummy (random weights "
                                    "of the right shapes, for benchmarks)", choices=("auto", "safetensors", "dummy"))
     seed: int = arg(0, "random seed of the engine (dummy weights, unseeded sampling)")
+    max_logprobs: int = arg(20, "most logprobs a request may ask for per token (logprobs, prompt_logprobs, "
+                                "top_logprobs), as in vLLM; -1: the whole vocabulary")
     quantization: str | None = arg(None, "fp8: FP8 (e4m3) weights with one scale per output channel, quantized "
                                          "when loaded (default: the checkpoint's own quantization, if any)",
                                    choices=("fp8",))
@@ -71,7 +73,13 @@ class ModelConfig:
         if self.max_model_len is None:
             self.max_model_len = min(4096, self.arch.max_position_embeddings)
         at_least("max_model_len", self.max_model_len, 1)
+        at_least("max_logprobs", self.max_logprobs, -1)
         if self.max_model_len > self.arch.max_position_embeddings:
             raise ValueError(
                 f"max_model_len ({self.max_model_len}) exceeds the model's max_position_embeddings "
                 f"({self.arch.max_position_embeddings})")
+
+    @property
+    def max_num_logprobs(self) -> int:
+        """``max_logprobs`` as a count: -1 is the vocabulary's size."""
+        return self.arch.vocab_size if self.max_logprobs == -1 else self.max_logprobs

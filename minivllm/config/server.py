@@ -1,5 +1,6 @@
 """The server's own settings (the engine's are ``Config``'s): where it listens, who may call it, how much one
-request may ask for, and how long a client may take to send one. Each field is a ``minivllm serve`` flag.
+request may ask for, and how long a client may take to send one. Each field is a ``minivllm serve`` flag. (How
+many logprobs a request may ask for is the engine's ``max_logprobs``, as in vLLM: the engine checks it.)
 
 Plain data like the rest of ``config``: importing it needs neither fastapi nor Ray."""
 
@@ -24,7 +25,6 @@ class ServerConfig:
     max_num_waiting: int = arg(1024, "sequences that may wait for the engine (queued, not yet generating); "
                                      "a request beyond them gets 429 with Retry-After")
     max_n: int = arg(128, "largest n (and best_of) of one request")
-    max_logprobs: int = arg(20, "largest logprobs / top_logprobs of one request")
     max_stop_strings: int = arg(16, "most stop strings of one request")
     max_stop_string_chars: int = arg(256, "longest stop string, in characters")
     max_body_bytes: int = arg(2 << 20, "largest request body (250k token ids, or a text far beyond any context; "
@@ -44,6 +44,8 @@ class ServerConfig:
     tool_call_parser: str | None = arg(None, "how the model writes tool calls: hermes (<tool_call> blocks, "
                                              "Qwen2.5 / Qwen3) or llama3_json (Llama 3.x)",
                                        choices=("hermes", "llama3_json"))
+    return_tokens_as_token_ids: bool = arg(False, "name the tokens of logprobs 'token_id:N' unless a request says "
+                                                  "otherwise (return_tokens_as_token_ids), as vLLM's flag")
     reasoning_parser: str | None = arg(None, "move the model's <think>...</think> into reasoning_content: qwen3",
                                        choices=("qwen3",))
     autoscale_max_replicas: int | None = arg(None, "with --data-parallel-size N: let Ray Serve add engine replicas, "
@@ -65,8 +67,6 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         for name in ("max_num_waiting", "max_n", "max_stop_string_chars", "max_body_bytes", "timeout_keep_alive"):
             at_least(name, getattr(self, name), 1)
-        if not 0 <= self.max_logprobs <= 20:
-            raise ValueError(f"max_logprobs must be in [0, 20] (the sampler's limit), got {self.max_logprobs}")
         at_least("max_stop_strings", self.max_stop_strings, 0)
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")

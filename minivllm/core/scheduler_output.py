@@ -45,7 +45,8 @@ class ScheduledRow(NamedTuple):
     # longest bad word's length minus one); None otherwise
     output_tail: tuple[int, ...] | None = None
     # (k, targets): the row's new tokens at positions p with p + 1 < prompt length also give the logprob of
-    # prompt token p + 1 (``targets``, in order) and its k most likely alternatives; None: no prompt logprobs
+    # prompt token p + 1 (``targets``, in order) and its k most likely alternatives (-1: all of them); None: no
+    # prompt logprobs
     prompt_logprobs: tuple[int, tuple[int, ...]] | None = None
 
 

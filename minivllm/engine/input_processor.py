@@ -13,13 +13,14 @@ from dataclasses import dataclass, replace
 from minivllm.config import Config
 from minivllm.engine.structured_output import StructuredOutputManager
 from minivllm.engine.tokenizer import bad_words_token_ids
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import ParameterError, SamplingParams
 
 
 @dataclass(frozen=True)
 class EngineRequest:
     """A checked request, ready for the scheduler: the prompt's text (None when given as token ids) and token
-    ids (cut to ``truncate_prompt_tokens``), the engine's copy of its parameters, and each bad word's token ids."""
+    ids (cut to ``truncate_prompt_tokens`` on ``truncation_side``), the engine's copy of its parameters, and each
+    bad word's token ids."""
 
     prompt: str | None
     prompt_token_ids: list[int]
@@ -36,6 +37,7 @@ class InputProcessor:
         self.tokenizer, self.structured = tokenizer, structured
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.arch.vocab_size
+        self.max_logprobs = config.model_config.max_num_logprobs
 
     def process(self, prompt: str | list[int], params: SamplingParams | None = None,
                 strict_length: bool = False) -> EngineRequest:
@@ -49,8 +51,7 @@ class InputProcessor:
         # the deep copy shares nothing with the caller's object
         params = copy.deepcopy(replace(params))
         text, token_ids = self._encode(prompt)
-        if params.truncate_prompt_tokens is not None:
-            token_ids = token_ids[-params.truncate_prompt_tokens:]
+        token_ids = params.truncate(token_ids)
         self._validate(token_ids, params)
         if strict_length and params.max_tokens is not None:
             total = len(token_ids) + params.max_tokens
@@ -79,23 +80,43 @@ class InputProcessor:
         raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        """Raises ParameterError in vLLM's words where clients match on them (an empty prompt, token ids outside
+        the vocabulary: every one named), ValueError naming the parameter otherwise."""
         if not token_ids:
-            raise ValueError("the prompt is empty: it must have at least one token")
+            raise ParameterError("The decoder prompt cannot be empty", "prompt")
         max_len = self.max_model_len
         if len(token_ids) >= max_len:  # before the walk over the ids below
             raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is {max_len}: "
                              f"it must be shorter to leave room for at least one generated token")
         vocab = self.vocab_size
-        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ())):
-            bad = next((t for t in ids if t >= vocab), None)
-            if bad is not None:
-                raise ValueError(f"{name} has token id {bad}, outside the vocabulary [0, {vocab})")
+        low, high = min(token_ids), max(token_ids)
+        if low < 0 or high >= vocab:  # vLLM names the largest id
+            raise ParameterError(f"Token id {high if high >= vocab else low} is out of vocabulary (the model's has "
+                                 f"{vocab} tokens)", "prompt")
+        for name in ("logit_bias", "allowed_token_ids", "stop_token_ids", "logprob_token_ids"):
+            self._check_vocabulary(name, getattr(params, name))
+        self._check_logprobs(params)
         if params.bad_words and self.tokenizer is None:
             raise ValueError("bad_words needs a tokenizer, and this checkpoint has none")
         if params.structured_outputs is not None:
             if self.structured is None:
                 raise ValueError("structured_outputs needs a tokenizer, and this checkpoint has none")
             self.structured.validate(params.structured_outputs)
+
+    def _check_vocabulary(self, name: str, ids) -> None:
+        """Every token id of parameter ``name`` is in the vocabulary (all those outside named, in vLLM's words)."""
+        bad = [t for t in ids or () if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ParameterError(f"token_id(s) {bad} in {name} contain out-of-vocab token ids. Vocabulary size: "
+                                 f"{self.vocab_size}", name)
+
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        """At most the engine's ``max_logprobs`` alternatives per token (-1 asks for the whole vocabulary), in
+        vLLM's words."""
+        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            k = getattr(params, name)
+            if k:  # None and 0 ask for no alternatives
+                k = self.vocab_size if k == -1 else k
+                if k > self.max_logprobs:
+                    raise ParameterError(f"Requested {kind} logprobs of {k}, which is greater than max allowed: "
+                                         f"{self.max_logprobs}", name)

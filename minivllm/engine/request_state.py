@@ -26,7 +26,7 @@ class RequestState:
         self.detoks: list[IncrementalDetokenizer | None] = []
         self.stream = stream
         self.output = RequestOutput(request_id, prompt, prompt_token_ids,
-                                    [CompletionOutput(i, logprobs=[] if params.logprobs is not None else None)
+                                    [CompletionOutput(i, logprobs=[] if params.num_logprobs is not None else None)
                                      for i in range(params.n)], arrival_time=time.monotonic(),
                                     prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
 

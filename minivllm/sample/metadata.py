@@ -36,7 +36,7 @@ class SamplingMetadata:
     no_min_p: bool
     no_penalties: bool
     any_seeded: bool
-    max_num_logprobs: int | None  # None: no row asked for logprobs
+    max_num_logprobs: int | None  # None: no row asked for top-k logprobs
     max_top_k: int  # largest enabled top_k (0 when no_top_k)
     # --- per-row device tensors ---
     greedy_mask: torch.Tensor | None = None  # [B] bool, only for mixed greedy/random batches
@@ -54,6 +54,9 @@ class SamplingMetadata:
     edits: TokenEdits | None = None  # logit_bias, allowed_token_ids
     grammar_rows: torch.Tensor | None = None  # [R] int64: the rows under a grammar (structured outputs)
     grammar_bitmask: torch.Tensor | None = None  # [R, ceil(V / 32)] int32: the tokens each may take, packed
+    # [B, M] int64: the ids whose logprobs each row asks for (``logprob_token_ids``; 0 past a row's own, and on the
+    # rows without); None: no row asks
+    logprob_token_ids: torch.Tensor | None = None
     # --- randomness ---
     seeded: list[tuple[int, torch.Generator]] = field(default_factory=list)  # (row, generator)
     seeded_keys: list[tuple[int, int]] = field(default_factory=list)  # (row, 63-bit key of seed and step)
@@ -168,7 +171,9 @@ def build_sampling_metadata(
     has_rep = [r != 1.0 for r in reps]
     has_pen = [h or f != 0.0 or pr != 0.0 for h, f, pr in zip(has_rep, freqs, press, strict=True)]
     no_penalties = not any(has_pen)
-    requested = [p.logprobs for p in params if p.logprobs is not None]
+    # top-k alternatives (-1: all); a row that names its ids (logprob_token_ids) gets those instead
+    requested = [V if p.logprobs == -1 else p.logprobs for p in params
+                 if p.logprobs is not None and not p.logprob_token_ids]
     max_num_logprobs = min(max(requested), V) if requested else None
 
     md = SamplingMetadata(
@@ -228,6 +233,10 @@ def build_sampling_metadata(
     if rows:
         md.banned_rows = _to_device(rows, torch.int64, device)
         md.banned_cols = _to_device(cols, torch.int64, device)
+    if any(p.logprob_token_ids for p in params):
+        ids = [list(p.logprob_token_ids or ()) for p in params]
+        width = max(map(len, ids))
+        md.logprob_token_ids = _to_device([row + [0] * (width - len(row)) for row in ids], torch.int64, device)
     if any(p.logit_bias or p.allowed_token_ids for p in params):
         md.edits = build_token_edits(params, V, device, _to_device)
 

@@ -57,10 +57,12 @@ class PromptLogprobs:
 def prompt_logprobs(slices: list[torch.Tensor], out: SchedulerOutput) -> PromptLogprobs:
     """Gather the targets' logprobs and ranks, and the top-k, of the positions of ``out``'s rows from ``slices``."""
     lp = slices[0] if len(slices) == 1 else torch.cat(slices)  # [M, vocab]
+    vocab = lp.shape[1]
     rows, targets, kmax = [], [], 0
     for row in out.rows:
         if row.prompt_logprobs is not None:
             k, ids = row.prompt_logprobs
+            k = vocab if k == -1 else min(k, vocab)  # -1: the whole vocabulary
             rows.append((row.seq_id, row.num_computed_tokens + 1, ids, k))
             targets.extend(ids)
             kmax = max(kmax, k)

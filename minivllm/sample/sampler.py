@@ -46,7 +46,8 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
    (``minivllm.sample.sharded``; the same tokens).
 
 Logprobs are ``log_softmax`` of the RAW logits (before 1-8) at the sampled token, and the top
-``max_num_logprobs`` alternatives of that same distribution, sorted descending.
+``max_num_logprobs`` alternatives of that same distribution, sorted descending; a row with
+``logprob_token_ids`` gets that distribution at its ids instead (vLLM's).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class SamplerOutput:
     logprobs: torch.Tensor | None = None  # [B] float32, raw log_softmax at the sampled ids
     top_logprobs_ids: torch.Tensor | None = None  # [B, k] int64, sorted by descending logprob
     top_logprobs: torch.Tensor | None = None  # [B, k] float32
+    token_id_logprobs: torch.Tensor | None = None  # [B, M] float32, at metadata.logprob_token_ids
 
 
 def _exponential_race(probs: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -164,9 +166,11 @@ class Sampler(nn.Module):
                 sampled = torch.where(md.greedy_mask, greedy, sampled)
 
         out = SamplerOutput(sampled_token_ids=sampled)
-        if md.max_num_logprobs is not None:
+        if md.max_num_logprobs is not None or md.logprob_token_ids is not None:
             raw = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
             out.logprobs = raw.gather(1, sampled.unsqueeze(1)).squeeze(1)
-            if md.max_num_logprobs > 0:
+            if md.max_num_logprobs:
                 out.top_logprobs, out.top_logprobs_ids = torch.topk(raw, md.max_num_logprobs, dim=-1)
+            if md.logprob_token_ids is not None:
+                out.token_id_logprobs = raw.gather(1, md.logprob_token_ids)
         return out

@@ -45,7 +45,7 @@ def sharded_temperatures(params: Sequence[SamplingParams], num_generated: Sequen
         return None
     temps = []
     for p, n in zip(params, num_generated, strict=True):
-        if (p.logprobs is not None or p.has_penalties or p.edits_logits or n < p.min_tokens
+        if (p.num_logprobs is not None or p.has_penalties or p.edits_logits or n < p.min_tokens
                 or p.structured_outputs is not None):
             return None
         if p.temperature < SAMPLING_EPS:

@@ -216,7 +216,8 @@ class ModelRunner:
         self.prev_sampled = res.sampled_token_ids
         if self.share_sampled:
             self.tp_group.broadcast(res.sampled_token_ids, src=0)
-        return StepHandle(res, [p.logprobs for p in fwd.params], fwd.prompt)
+        return StepHandle(res, [p.num_logprobs for p in fwd.params], fwd.prompt,
+                          [p.logprob_token_ids for p in fwd.params])
 
     @torch.inference_mode()
     def execute_step(self, out: SchedulerOutput) -> None:

@@ -15,16 +15,20 @@ class StepHandle:
     a CUDA event marks their end, so the host can launch the next step before waiting.
     """
 
-    def __init__(self, res, want: list[int | None], prompt: PromptLogprobs | None = None):
+    def __init__(self, res, want: list[int | None], prompt: PromptLogprobs | None = None,
+                 want_ids: list[list[int] | None] | None = None):
+        """``want``: each row's number of alternatives (None: no logprobs); ``want_ids``: each row's
+        ``logprob_token_ids`` (None: its top ``want`` instead)."""
         self._done: SampledTokens | None = None
-        self.want, self.prompt = want, prompt
+        self.want, self.want_ids, self.prompt = want, want_ids, prompt
         tensors = [res.sampled_token_ids]
         self.has_logprobs = res.logprobs is not None and any(w is not None for w in want)
         if self.has_logprobs:
             b = len(want)
             tensors += [res.logprobs,
                         res.top_logprobs_ids if res.top_logprobs_ids is not None else torch.empty(b, 0),
-                        res.top_logprobs if res.top_logprobs is not None else torch.empty(b, 0)]
+                        res.top_logprobs if res.top_logprobs is not None else torch.empty(b, 0),
+                        res.token_id_logprobs if res.token_id_logprobs is not None else torch.empty(b, 0)]
         self.event = None
         if tensors[0].device.type == "cuda":
             host = []
@@ -49,7 +53,12 @@ class StepHandle:
             if self.event is not None:
                 self.event.synchronize()
             lists = [t.tolist() for t in self.tensors]
-            self._done = SampledTokens(*lists, self.want) if self.has_logprobs else SampledTokens(lists[0])
+            if self.has_logprobs:
+                ids, lps, top_ids, top_lps, chosen = lists
+                self._done = SampledTokens(ids, lps, top_ids, top_lps, self.want, chosen_ids=self.want_ids,
+                                           chosen_logprobs=chosen)
+            else:
+                self._done = SampledTokens(lists[0])
             self.tensors = None
         if self.prompt is not None:
             self._done.prompt_logprobs = self.prompt.result()

@@ -64,10 +64,11 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     config = config or ServerConfig()
     stats = PrometheusStatLogger(served_model_name)
     async_llm.add_stat_logger(stats)
-    limits = RequestLimits(config.max_n, config.max_logprobs, config.max_stop_strings, config.max_stop_string_chars,
+    limits = RequestLimits(config.max_n, config.max_stop_strings, config.max_stop_string_chars,
                            config.trust_request_chat_template)
     serving = OpenAIServing(async_llm, served_model_name, limits, ChatParsers(
-        config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser))
+        config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser),
+        tokens_as_ids=config.return_tokens_as_token_ids)
     created = int(time.time())
 
     @asynccontextmanager

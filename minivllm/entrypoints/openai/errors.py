@@ -23,14 +23,17 @@ class APIError(Exception):
 
 
 def as_api_error(exc: Exception) -> APIError:
-    """The client's view of an exception: bad input is a 400 naming the field where the message starts with
-    it, an engine that is loading or gone a 503, anything else a 500 (logged)."""
+    """The client's view of an exception: bad input is a 400 naming the field (a ``ParameterError``'s, or the
+    message's first word when it is one), an engine that is loading or gone a 503, anything else a 500 (logged)."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ValueError):
-        word = str(exc).split(" ", 1)[0]
-        fields = P.CompletionRequest.model_fields.keys() | P.ChatCompletionRequest.model_fields.keys()
-        return APIError(400, str(exc), param=word if word in fields else None)
+        param = getattr(exc, "parameter", None)
+        if param is None:
+            word = str(exc).split(" ", 1)[0]
+            fields = P.CompletionRequest.model_fields.keys() | P.ChatCompletionRequest.model_fields.keys()
+            param = word if word in fields else None
+        return APIError(400, str(exc), param=param)
     if isinstance(exc, EngineNotReadyError):
         return APIError(503, str(exc), "service_unavailable", code="engine_not_ready")
     if isinstance(exc, EngineDeadError):

@@ -1,9 +1,9 @@
 """A request's inputs, checked and turned into token ids off the event loop.
 
-``RequestLimits`` caps what one request may ask for (``n``, ``best_of``, logprobs, stop strings: a 400 naming
-the field beyond them). Tokenization and chat templating run in a worker thread; a text that cannot fit in
-``max_model_len`` tokens whatever the tokenizer does (more characters than the longest token times
-``max_model_len``) is refused before any of it is tokenized.
+``RequestLimits`` caps what one request may ask for (``n``, ``best_of``, stop strings: a 400 naming the field
+beyond them); how many logprobs is the engine's ``max_logprobs``, which the engine checks. Tokenization and chat
+templating run in a worker thread; a text that cannot fit in ``max_model_len`` tokens whatever the tokenizer does
+(more characters than the longest token times ``max_model_len``) is refused before any of it is tokenized.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ class RequestLimits:
     """The per-request caps of ``ServerConfig``."""
 
     max_n: int = 128
-    max_logprobs: int = 20
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
     trust_request_chat_template: bool = False
@@ -42,9 +41,8 @@ class RequestLimits:
                                param="best_of")
             if req.best_of != req.n and not req.use_beam_search:
                 raise APIError(400, "best_of other than n is supported only with use_beam_search", param="best_of")
-        if logprobs is not None and not 0 <= logprobs <= self.max_logprobs:
-            raise APIError(400, f"{logprobs_field} must be an integer in [0, {self.max_logprobs}], got {logprobs}",
-                           param=logprobs_field)
+        if logprobs is not None and logprobs < -1:  # -1: the whole vocabulary (the engine checks the maximum)
+            raise APIError(400, f"{logprobs_field} must be non-negative or -1, got {logprobs}", param=logprobs_field)
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > self.max_stop_strings:
             raise APIError(400, f"at most {self.max_stop_strings} stop strings are allowed, got {len(stop)}",

@@ -88,7 +88,7 @@ class SamplingRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # an int64, as vLLM's
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stream: bool = False
@@ -107,9 +107,12 @@ class SamplingRequest(BaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
+    # the logprobs of these token ids at each generated token, in place of the top ones (with logprobs)
+    logprob_token_ids: list[int] | None = None
     return_token_ids: bool = False
-    return_tokens_as_token_ids: bool = False
+    return_tokens_as_token_ids: bool | None = None  # None: the server's --return-tokens-as-token-ids
     truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None  # left (default) keeps the last N tokens, right the first
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
     # vLLM's beam search (``beam_search.py``): the n best of best_of (default n) beams
@@ -126,14 +129,18 @@ class SamplingRequest(BaseModel):
         return self.include_usage and self.stream_options.continuous_usage_stats
 
     def token_bias(self) -> dict[int, float] | None:
-        """``logit_bias`` with its keys as token ids (OpenAI sends them as strings)."""
+        """``logit_bias`` with its keys as token ids (OpenAI sends them as strings); every key that is not one named,
+        in vLLM's words."""
         if self.logit_bias is None:
             return None
-        bias = {}
+        bias, bad = {}, []
         for key, value in self.logit_bias.items():
-            if not key.strip().lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys must be token ids (integers), got {key!r}")
-            bias[int(key)] = value
+            try:
+                bias[int(key)] = value
+            except ValueError:
+                bad.append(key)
+        if bad:
+            raise ValueError(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad!r}")
         return bias
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
@@ -149,19 +156,21 @@ class SamplingRequest(BaseModel):
             presence_penalty=pick(self.presence_penalty, 0.0), frequency_penalty=pick(self.frequency_penalty, 0.0),
             seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
             stop=self.stop, stop_token_ids=self.stop_token_ids,
-            include_stop_str_in_output=self.include_stop_str_in_output, logprobs=logprobs,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            logprobs=None if self.logprob_token_ids else logprobs, logprob_token_ids=self.logprob_token_ids,
             skip_special_tokens=self.skip_special_tokens, logit_bias=self.token_bias(),
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
-            truncate_prompt_tokens=self.truncate_prompt_tokens, structured_outputs=structured_outputs)
+            truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side or "left",
+            structured_outputs=structured_outputs)
 
 
 class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``: prompt as text, texts, token ids or lists of token ids."""
 
     # tried left to right, strict ints first: a long list of ids validates quickly, and a list of digit
-    # strings stays text
-    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]] = Field(union_mode="left_to_right")
+    # strings stays text; a missing one gets vLLM's error, as an empty one does (serving_completion)
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]] | None = Field(None, union_mode="left_to_right")
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None

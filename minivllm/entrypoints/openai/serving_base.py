@@ -17,11 +17,17 @@ from minivllm.entrypoints.openai.beam_search import beam_search_params
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.inputs import RequestLimits, Tokenization
 from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import truncate_prompt
 from minivllm.structured_outputs_params import StructuredOutputsParams
 
 
 def clamp(logprob: float) -> float:
     return max(logprob, -9999.0)  # -inf is not JSON
+
+
+def first(k: int) -> int | None:
+    """The slice end of ``k`` alternatives: -1 asks for all of them."""
+    return None if k == -1 else k
 
 
 def json_response(obj) -> Response:
@@ -55,8 +61,10 @@ class ServingBase:
     """Serves requests on an engine client (once its engine is ready) under one model name."""
 
     def __init__(self, llm: EngineClient, model_name: str, limits: RequestLimits = RequestLimits(),
-                 parsers: ChatParsers = ChatParsers()):
+                 parsers: ChatParsers = ChatParsers(), tokens_as_ids: bool = False):
+        """``tokens_as_ids``: the server's default of ``return_tokens_as_token_ids``."""
         self.llm, self.model_name, self.limits, self.parsers = llm, model_name, limits, parsers
+        self.tokens_as_ids = tokens_as_ids
         self._tokenization: Tokenization | None = None
 
     @property
@@ -72,17 +80,22 @@ class ServingBase:
         if model is not None and model != self.model_name:
             raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
+    def as_ids(self, req: P.SamplingRequest) -> bool:
+        """Whether ``req``'s logprobs name tokens ``"token_id:N"``: its ``return_tokens_as_token_ids``, else the
+        server's default."""
+        return self.tokens_as_ids if req.return_tokens_as_token_ids is None else req.return_tokens_as_token_ids
+
     def token_str(self, token_id: int, as_id: bool = False) -> str:
         """A token's text, or ``"token_id:N"`` (``return_tokens_as_token_ids``)."""
         return f"token_id:{token_id}" if as_id else self.tokenization.decode_now([token_id], skip_special_tokens=False)
 
-    async def prompt_ids(self, prompt: str | list[int], truncate: int | None = None, field: str = "prompt") -> list[int]:
-        """A prompt as token ids (the last ``truncate`` of them): text is tokenized off the event loop; ids longer
-        than the model's context are refused here, before the engine walks them."""
+    async def prompt_ids(self, prompt: str | list[int], truncate: int | None = None, field: str = "prompt",
+                         side: str = "left") -> list[int]:
+        """A prompt as token ids (``truncate`` of them, cut on ``side``: left keeps the last): text is tokenized off
+        the event loop; ids longer than the model's context are refused here, before the engine walks them."""
         if isinstance(prompt, str):
             prompt = await self.tokenization.encode(prompt, field, check_length=truncate is None)
-        if truncate is not None:
-            prompt = prompt[-truncate:]
+        prompt = truncate_prompt(prompt, truncate, side)
         max_model_len = self.llm.model_info().max_model_len
         if len(prompt) >= max_model_len:
             raise APIError(400, f"the prompt has {len(prompt)} tokens, but max_model_len is "
@@ -141,27 +154,30 @@ class ServingBase:
             for tid, lp in entry.items()} for entry in out.prompt_logprobs]
 
     def completion_logprobs(self, ids, lps, k, offset, as_id: bool) -> R.CompletionLogProbs | None:
-        """The legacy completions shape of generated tokens' logprobs (None unless asked)."""
+        """The legacy completions shape of generated tokens' logprobs (None unless asked): each token's top
+        logprobs are what the engine gave, in its order (as vLLM): the token first, then its ``k`` most likely
+        alternatives or its ``logprob_token_ids``."""
         if k is None or lps is None:
             return None
         out = R.CompletionLogProbs()
         for tid, lp in zip(ids, lps):
-            offset = self._add_legacy(out, self.token_str(tid, as_id), clamp(lp[tid]), offset, {
-                self.token_str(t, as_id): clamp(v) for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:k]})
+            offset = self._add_legacy(out, self.token_str(tid, as_id), clamp(lp[tid]), offset,
+                                      {self.token_str(t, as_id): clamp(v) for t, v in lp.items()})
         return out
 
     def echo_logprobs(self, out: RequestOutput, k: int, as_id: bool) -> R.CompletionLogProbs:
         """The prompt's tokens in the legacy completions shape (``echo`` with ``logprobs``): the first token has
-        no logprob."""
+        no logprob; each other's top logprobs are it, then its ``k`` most likely alternatives (vLLM's order)."""
         res, offset = R.CompletionLogProbs(), 0
         for tid, entry in zip(out.prompt_token_ids, out.prompt_logprobs or []):
             s = self.token_str(tid, as_id)
             if entry is None:
                 offset = self._add_legacy(res, s, None, offset, None)
                 continue
-            top = sorted(entry.items(), key=lambda kv: kv[1].rank)[:k]
-            offset = self._add_legacy(res, s, clamp(entry[tid].logprob), offset,
-                                      {self.token_str(t, as_id): clamp(lp.logprob) for t, lp in top})
+            others = sorted(((t, lp) for t, lp in entry.items() if t != tid), key=lambda kv: kv[1].rank)
+            top = {s: clamp(entry[tid].logprob)}
+            top.update((self.token_str(t, as_id), clamp(lp.logprob)) for t, lp in others[:first(k)])
+            offset = self._add_legacy(res, s, top[s], offset, top)
         return res
 
     @staticmethod
@@ -174,22 +190,34 @@ class ServingBase:
         res.text_offset.append(offset)
         return offset + len(s)
 
-    def chat_logprobs(self, ids, lps, k, as_id: bool) -> R.ChatLogprobs | None:
-        """Chat's shape of generated tokens' logprobs (None unless asked)."""
+    def chat_logprobs(self, ids, lps, k, as_id: bool, chosen: bool = False) -> R.ChatLogprobs | None:
+        """Chat's shape of generated tokens' logprobs (None unless asked): the ``k`` most likely tokens, or with
+        ``chosen`` (``logprob_token_ids``) the token and those ids, in that order (as vLLM)."""
         if k is None or lps is None:
             return None
 
-        def entry(cls, tid, v, **kw):
+        def entry(cls, tid, v, text: str | None = None, **kw):
             s = self.token_str(tid, as_id)
-            return cls(token=s, logprob=clamp(v), bytes=list(s.encode("utf-8")), **kw)
+            return cls(token=s, logprob=clamp(v), bytes=list((s if text is None else text).encode("utf-8")), **kw)
 
+        # a generated token's bytes are its text's, even as "token_id:N"; an alternative's, its token's (vLLM's)
         return R.ChatLogprobs(content=[
-            entry(R.TokenLogprob, tid, lp[tid], top_logprobs=[
-                entry(R.TopLogprob, t, v) for t, v in sorted(lp.items(), key=lambda kv: -kv[1])[:k]])
+            entry(R.TokenLogprob, tid, lp[tid], text=self.token_str(tid), top_logprobs=[
+                entry(R.TopLogprob, t, v) for t, v in (
+                    lp.items() if chosen else sorted(lp.items(), key=lambda kv: -kv[1])[:first(k)])])
             for tid, lp in zip(ids, lps)])
 
     @staticmethod
     def check_request(req: P.SamplingRequest) -> None:
-        """400s that no SamplingParams check catches."""
+        """400s that no SamplingParams check catches (vLLM's words where it has them)."""
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
+        if req.logprob_token_ids is not None:
+            if not req.logprob_token_ids:
+                raise APIError(400, "`logprob_token_ids` must not be an empty list.", param="logprob_token_ids")
+            if isinstance(req, P.ChatCompletionRequest) and not req.logprobs:
+                raise APIError(400, "when using `logprob_token_ids`, `logprobs` must be set to true.",
+                               param="logprob_token_ids")
+            if isinstance(req, P.CompletionRequest) and req.logprobs is None:
+                raise APIError(400, "when using `logprob_token_ids`, `logprobs` must be set.",
+                               param="logprob_token_ids")

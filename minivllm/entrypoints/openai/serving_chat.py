@@ -17,6 +17,7 @@ from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
 from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
 from minivllm.entrypoints.openai.structured import constraint
+from minivllm.sampling_params import ParameterError, truncate_prompt
 
 
 class ChatServing(ServingBase):
@@ -43,12 +44,13 @@ class ChatServing(ServingBase):
         tail = self.tokenization.decode_now(ids[-8:], skip_special_tokens=False) if self.parsers.reasoning_parser else ""
         reader = ChatOutputReader(choice if req.tools else "none", self.parsers.tool_call_parser,
                                   self.parsers.reasoning_parser, tail)
-        if req.truncate_prompt_tokens is not None:
-            ids = ids[-req.truncate_prompt_tokens:]
+        ids = truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side or "left")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
             max_tokens = max(1, self.llm.model_info().max_model_len - len(ids))
-        params = req.to_sampling_params(max_tokens, k, structured_outputs=so)
+        # echo with logprobs scores the prompt too, in the response's prompt_logprobs (vLLM's; not in a stream)
+        prompt_k = k if req.echo and req.prompt_logprobs is None and not req.stream else None
+        params = req.to_sampling_params(max_tokens, k, prompt_k, structured_outputs=so)
         if req.use_beam_search:
             check_beam_search_request(req, field, can_stream=True)
         await self.prepare_grammar(so, field)
@@ -57,26 +59,33 @@ class ChatServing(ServingBase):
         echo = last.to_template()["content"] if req.echo and last.role == "assistant" else ""
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if req.use_beam_search:  # a streamed response sends each choice whole, once the search ends (as vLLM)
-            streams = self.start_beams([ids], req, max_tokens, rid, req.prompt_logprobs)
+            streams = self.start_beams([ids], req, max_tokens, rid,
+                                       req.prompt_logprobs if req.prompt_logprobs is not None else prompt_k)
         else:
-            streams = await self.start([ids], params, rid)
+            try:
+                streams = await self.start([ids], params, rid)
+            except ParameterError as exc:
+                if exc.parameter == "logprobs":  # the engine's name of what chat calls top_logprobs
+                    exc.parameter = "top_logprobs"
+                raise
         if req.stream:
             return StreamingResponse(guarded(self._chat_stream(req, rid, streams, ids, k, echo, reader)),
                                      media_type="text/event-stream")
         (out,) = await collect(streams, raw)
-        as_id, with_ids = req.return_tokens_as_token_ids, req.return_token_ids
+        as_id, with_ids = self.as_ids(req), req.return_token_ids
         choices = []
         for c in out.outputs:
             message = reader.message(c.text)
             if echo:
                 message.content = echo + (message.content or "")
             choices.append(R.ChatChoice(
-                index=c.index, message=message, logprobs=self.chat_logprobs(c.token_ids, c.logprobs, k, as_id),
+                index=c.index, message=message,
+                logprobs=self.chat_logprobs(c.token_ids, c.logprobs, k, as_id, bool(req.logprob_token_ids)),
                 finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)), stop_reason=c.stop_reason,
                 token_ids=list(c.token_ids) if with_ids else None))
         return json_response(R.ChatCompletionResponse(
             id=rid, model=self.model_name, choices=choices, usage=final_usage([out]),
-            prompt_logprobs=self.prompt_logprobs(out) if req.prompt_logprobs is not None else None,
+            prompt_logprobs=self.prompt_logprobs(out) if params.prompt_logprobs is not None else None,
             prompt_token_ids=list(out.prompt_token_ids) if with_ids else None))
 
     async def _chat_stream(self, req, rid, streams, ids, k, echo, reader) -> AsyncIterator[str]:
@@ -98,7 +107,8 @@ class ChatServing(ServingBase):
         async for _, _, c in stream_outputs(streams, usage):
             text = delta_with_rest(c, sent.get(c.index, 0))
             sent[c.index] = sent.get(c.index, 0) + len(text)
-            lp = self.chat_logprobs(c.delta_token_ids, c.delta_logprobs, k, req.return_tokens_as_token_ids)
+            lp = self.chat_logprobs(c.delta_token_ids, c.delta_logprobs, k, self.as_ids(req),
+                                    bool(req.logprob_token_ids))
             st = streamers[c.index]
             ids_now = list(c.delta_token_ids) if req.return_token_ids else None
             delta = st.feed(text) if text else None

@@ -25,15 +25,16 @@ class CompletionServing(ServingBase):
         self.check_model(req.model)
         self.check_request(req)
         self.llm.check_usable()
-        prompts = [req.prompt] if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) \
-            else list(req.prompt)
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise APIError(400, "prompt must not be empty", param="prompt")
+        if not req.prompt:  # vLLM's words, which clients match on
+            raise APIError(400, "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
+        prompts = [req.prompt] if isinstance(req.prompt, str) or isinstance(req.prompt[0], int) else list(req.prompt)
+        if any(len(p) == 0 for p in prompts):
+            raise APIError(400, "The decoder prompt cannot be empty", param="prompt")
         self.limits.check(req, req.logprobs, "logprobs")
         # echo with logprobs scores the prompt too: prompt logprobs with the same number of alternatives
         prompt_k = req.prompt_logprobs
         if req.echo and req.logprobs is not None:
-            prompt_k = max(req.logprobs, prompt_k or 0)
+            prompt_k = -1 if -1 in (req.logprobs, prompt_k) else max(req.logprobs, prompt_k or 0)  # -1: all
         if prompt_k is not None:
             self.limits.check(req, prompt_k, "prompt_logprobs")
         so, field = constraint(req.response_format, req.structured_outputs)
@@ -41,9 +42,10 @@ class CompletionServing(ServingBase):
         if req.use_beam_search:
             check_beam_search_request(req, field, can_stream=False)
         await self.prepare_grammar(so, field)
-        ids = [await self.prompt_ids(p, req.truncate_prompt_tokens) for p in prompts]
+        side = params.truncation_side or "left"
+        ids = [await self.prompt_ids(p, req.truncate_prompt_tokens, side=side) for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
-        echo = [await self.tokenization.decode(p) if req.echo else "" for p in ids]
+        echo = [await self._echo(req, p, q) for p, q in zip(prompts, ids)]
         if req.use_beam_search:  # one search per prompt, started as the response reads it
             streams = self.start_beams(ids, req, req.max_tokens, rid, prompt_k)
         else:
@@ -56,10 +58,9 @@ class CompletionServing(ServingBase):
         for i, out in enumerate(finals):
             prompt_lps = self.prompt_logprobs(out) if req.prompt_logprobs is not None else None
             for c in out.outputs:
-                lp = self.completion_logprobs(c.token_ids, c.logprobs, req.logprobs, len(echo[i]),
-                                              req.return_tokens_as_token_ids)
+                lp = self.completion_logprobs(c.token_ids, c.logprobs, req.logprobs, len(echo[i]), self.as_ids(req))
                 if lp is not None and req.echo:
-                    lp = self._join(self.echo_logprobs(out, req.logprobs, req.return_tokens_as_token_ids), lp)
+                    lp = self._join(self.echo_logprobs(out, req.logprobs, self.as_ids(req)), lp)
                 choices.append(R.CompletionChoice(
                     index=i * params.n + c.index, text=echo[i] + c.text, logprobs=lp, finish_reason=c.finish_reason,
                     stop_reason=c.stop_reason, prompt_logprobs=prompt_lps,
@@ -67,6 +68,15 @@ class CompletionServing(ServingBase):
                     token_ids=list(c.token_ids) if req.return_token_ids else None))
         return json_response(R.CompletionResponse(id=rid, model=self.model_name, choices=choices,
                                                   usage=final_usage(finals)))
+
+    async def _echo(self, req: P.CompletionRequest, prompt: str | list[int], ids: list[int]) -> str:
+        """What ``echo`` repeats of a prompt, as vLLM: a text as sent; token ids (or a cut text) decoded with their
+        special tokens."""
+        if not req.echo:
+            return ""
+        if isinstance(prompt, str) and req.truncate_prompt_tokens is None:
+            return prompt
+        return await self.tokenization.decode(ids, skip_special_tokens=False)
 
     @staticmethod
     def _join(prompt: R.CompletionLogProbs, gen: R.CompletionLogProbs) -> R.CompletionLogProbs:
@@ -76,7 +86,7 @@ class CompletionServing(ServingBase):
                                     top_logprobs=prompt.top_logprobs + gen.top_logprobs)
 
     async def _completion_stream(self, req, rid, streams, ids, echo) -> AsyncIterator[str]:
-        n, as_id = req.n, req.return_tokens_as_token_ids
+        n, as_id = req.n, self.as_ids(req)
         sent: dict[int, int] = {}  # choice index -> completion characters streamed so far
         usage = new_usage(sum(len(p) for p in ids))
 
