@@ -3,6 +3,9 @@
     minivllm serve MODEL [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [engine flags]
     minivllm generate MODEL --prompt "def f(" --max-tokens 32 --temperature 0
     minivllm bench {throughput,latency,serve} ...
+
+What ``serve`` needs beyond the default install is an extra of the package (``pyproject.toml``); a missing one
+ends the command with one line that names it and the command that installs it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import sys
 
 from minivllm.entrypoints.args import add_model_args, add_serve_args, engine_kwargs
+from minivllm.entrypoints.extras import missing_extra
 
 
 def check_model(args: argparse.Namespace) -> str:
@@ -30,9 +34,11 @@ def _serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from minivllm.config.server import ServerConfig
 
+    on_ray = False
     try:
         config = ServerConfig.from_args(args)
         if (args.data_parallel_size or 1) > 1 or config.autoscale_max_replicas is not None:
+            on_ray = True
             from minivllm.scale_out.serve.app import run_ray_server
 
             return run_ray_server(args.model, engine_kwargs(args), config)
@@ -41,6 +47,12 @@ def _serve(args: argparse.Namespace) -> int:
         return run_server(args.model, engine_kwargs(args), config)
     except ValueError as exc:  # a bad flag: the message names it
         sys.exit(f"minivllm: {exc}")
+    except ModuleNotFoundError as exc:  # an extra that is not installed: one line, no traceback
+        message = (missing_extra(exc, "serve --data-parallel-size N", ("server", "ray")) if on_ray
+                   else missing_extra(exc, "serve", ("server",)))
+        if message is None:
+            raise
+        sys.exit(message)
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -9,8 +9,10 @@ last and writes a JSON result with ``--json-out PATH``. Importing this module do
 from __future__ import annotations
 
 import argparse
+import sys
 
 from minivllm.entrypoints.bench import latency, serve, throughput
+from minivllm.entrypoints.extras import missing_extra
 
 COMMANDS = {"throughput": throughput, "latency": latency, "serve": serve}
 
@@ -32,14 +34,20 @@ def run_bench(args: argparse.Namespace) -> int:
     if fn is None:
         args.bench_parser.print_help()
         return 2
-    fn(args)
+    try:
+        fn(args)
+    except ModuleNotFoundError as exc:  # bench serve's HTTP client comes with the server extra
+        message = missing_extra(exc, f"bench {args.bench_command}", ("server",))
+        if message is None:
+            raise
+        sys.exit(message)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minivllm")
     add_bench_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", *(argv if argv is not None else __import__("sys").argv[1:])])
+    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
     return args.func(args)
 
 

@@ -114,12 +114,9 @@ def app_builder(args: dict):
 
 def run_ray_server(model: str, engine_kwargs: dict, server: ServerConfig) -> int:
     """Serve the replicas on Ray (a local runtime, or the cluster ``RAY_ADDRESS`` names) until SIGINT/SIGTERM."""
-    try:
-        import ray
-        from ray import serve
-    except ImportError:
-        raise SystemExit("minivllm: --data-parallel-size > 1 serves replicas on Ray Serve: "
-                         "pip install 'minivllm[ray]'") from None
+    import ray  # without the ray extra: ModuleNotFoundError, which the CLI turns into one line naming the extra
+    from ray import serve
+
     app = build_serve_app(model, engine_kwargs, server)
     owns_ray = not ray.is_initialized()
     if owns_ray:
