@@ -17,10 +17,23 @@ from minivllm.entrypoints.extras import missing_extra
 COMMANDS = {"throughput": throughput, "latency": latency, "serve": serve}
 
 
+#: what ``minivllm bench --help`` says (the module's docstring is for developers)
+DESCRIPTION = """\
+Benchmarks of minivllm, in vLLM's shape:
+
+  minivllm bench throughput --model tiny-qwen3 --workload fixed-batch
+  minivllm bench latency --model models/minivllm-demo-py --batch-size 8
+  minivllm bench serve --base-url http://127.0.0.1:8000 --num-prompts 100
+
+--model takes a checkpoint folder or a shipped config name (random weights of a real model's shapes). Each
+command prints its result table last, --json-out PATH also writes it as JSON, and a progress bar shows on a
+terminal (--disable-tqdm turns it off). `minivllm bench COMMAND --help` lists a command's flags."""
+
+
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``bench`` and its sub-commands to an argparse sub-parsers object; returns the ``bench`` parser."""
     p = subparsers.add_parser("bench", help="benchmarks: offline throughput, latency, online serving",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="bench_command", metavar="{throughput,latency,serve}")
     for mod in COMMANDS.values():
         mod.add_parser(sub)
@@ -45,6 +58,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m minivllm.entrypoints.bench ...``: ``minivllm bench ...`` without the CLI."""
     parser = argparse.ArgumentParser(prog="minivllm")
     add_bench_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
