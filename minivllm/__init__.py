@@ -5,8 +5,9 @@ without torch.
 """
 
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_outputs_params import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.2.0"
 
 
