@@ -6,8 +6,9 @@ without torch.
 
 from minivllm.beam_search import BeamSearchParams
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_outputs_params import StructuredOutputsParams
 
-__all__ = ["LLM", "BeamSearchParams", "SamplingParams"]
+__all__ = ["LLM", "BeamSearchParams", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.2.0"
 
 

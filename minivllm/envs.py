@@ -12,6 +12,8 @@ travels with the config (to tensor-parallel workers too), so nothing reads ``os.
 | ``MINIVLLM_API_KEY`` | the server's API keys, comma-separated (as vLLM reads ``VLLM_API_KEY``; ``--api-key`` adds more) |
 | ``TRITON_INTERPRET`` | Triton's own: ``1`` runs Triton kernels in its interpreter (how the CPU runs them) |
 | ``OMP_NUM_THREADS`` | torch's: a set value keeps the engine from choosing the CPU thread count |
+
+One variable is set rather than read: Ray's ``RAY_COLOR_PREFIX`` (:func:`plain_ray_log_prefixes`).
 """
 
 from __future__ import annotations
@@ -56,3 +58,12 @@ def read_envs() -> Envs:
         omp_num_threads_set=bool(env.get("OMP_NUM_THREADS")),
         api_keys=tuple(k.strip() for k in (env.get("MINIVLLM_API_KEY") or "").split(",") if k.strip()),
     )
+
+
+def plain_ray_log_prefixes(on_a_terminal: bool) -> None:
+    """Ray prints each log line it forwards from its processes after a ``(ProxyActor pid=...)`` prefix in ANSI
+    colours, whether or not the output is a terminal; ``RAY_COLOR_PREFIX=0``, which Ray reads in this process (the
+    driver) as it prints, leaves them out. Set it where the output is not a terminal (a log file), unless the user
+    set it."""
+    if not on_a_terminal:
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")

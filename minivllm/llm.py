@@ -52,15 +52,15 @@ class LLM:
         ``LLM.chat``: the tokenizer's template, or ``chat_template``, with ``chat_template_kwargs`` (such as
         ``enable_thinking``). ``continue_final_message`` continues the last (assistant) message instead of
         starting a new one."""
+        conversations = conversations_of(messages)
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer, and this checkpoint has none")
         if not chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("chat_template is needed: this model's tokenizer has none")
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [tokenizer.apply_chat_template(c, tokenize=False, **chat_template_args(
             add_generation_prompt, continue_final_message, chat_template, chat_template_kwargs,
-            c[-1].get("role") if c else None)) for c in conversations]
+            c[-1].get("role"))) for c in conversations]
         ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
 
@@ -134,3 +134,15 @@ def _beam_prompt(prompt: dict) -> str | list[int]:
     if "prompt" in prompt:
         return prompt["prompt"]
     raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
+
+
+def conversations_of(messages) -> list[list[dict]]:
+    """``chat``'s ``messages`` as a list of conversations: one conversation (a non-empty list of message dicts) or
+    a list of them (ValueError naming ``messages`` otherwise)."""
+    if isinstance(messages, (list, tuple)) and messages and all(isinstance(m, dict) for m in messages):
+        return [list(messages)]
+    if isinstance(messages, (list, tuple)) and all(
+            isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) for m in c) for c in messages):
+        return [list(c) for c in messages]  # no conversations at all: no outputs, as generate([])
+    raise ValueError(f"messages must be a conversation (a non-empty list of message dicts, such as "
+                     f"[{{'role': 'user', 'content': 'hi'}}]) or a list of them, got {type(messages).__name__}")

@@ -7,7 +7,9 @@ No timing assertions: only that the result table is printed and the JSON fields 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,8 +57,10 @@ def test_throughput_workloads(workload, dummy_dir, tmp_path, capsys):
     res = throughput.main(["--workload", workload, "--model", dummy_dir, "--num-requests", "3",
                            "--min-input-len", "8", "--max-input-len", "16", "--min-output-len", "4",
                            "--max-output-len", "8", "--json-out", str(out), *TINY])
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "== throughput results ==" in text and "output tok/s" in text
+    assert "Processed prompts" not in captured.err  # stderr is not a terminal: no progress bar
     saved = json.loads(out.read_text())
     for d in (res, saved):
         _positive(d, "requests_per_s", "output_tok_s", "total_tok_s", "elapsed_s", "ms_per_token")
@@ -98,3 +102,25 @@ def test_cli_parser_dispatch(dummy_dir, capsys):
     assert "ms per output token" in capsys.readouterr().out
     args = parser.parse_args(["bench"])
     assert args.func(args) == 2
+
+
+class FakeTerminal(io.StringIO):
+    """A stand-in for stderr that says it is a terminal, where progress bars are drawn."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("command, bar", [(throughput, "Processed prompts"), (latency, "Timed iterations")])
+def test_progress_bars_on_a_terminal_unless_disabled(command, bar, dummy_dir, monkeypatch, capsys):
+    sizes = (["--workload", "fixed-batch", "--num-requests", "3", "--input-len", "8", "--output-len", "4"]
+             if command is throughput else ["--batch-size", "2", "--input-len", "8", "--output-len", "3",
+                                             "--num-iters", "2", "--num-iters-warmup", "1"])
+    for flags in ([], ["--disable-tqdm"]):
+        terminal = FakeTerminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        command.main(["--model", dummy_dir, *sizes, *TINY, *flags])
+        assert (bar in terminal.getvalue()) == (not flags), terminal.getvalue()
+        if command is latency and not flags:
+            assert "Warm-up iterations" in terminal.getvalue() and "2/2" in terminal.getvalue()
+    assert "==" in capsys.readouterr().out  # the tables, on stdout

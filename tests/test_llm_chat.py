@@ -40,3 +40,12 @@ def test_continue_final_message_and_template_kwargs(llm):
         llm.chat(MSGS[:1], params, add_generation_prompt=False, continue_final_message=True)
     with pytest.raises(ValueError, match="chat_template_kwargs may not set"):
         llm.chat(MSGS[:1], params, chat_template_kwargs={"tokenize": True})
+
+
+@pytest.mark.parametrize("messages", [None, "hi", [], [[]], [{"role": "user", "content": "x"}, "y"], 3])
+def test_bad_messages_name_the_parameter(llm, messages):
+    if messages == []:  # no conversations: no outputs, as generate([])
+        assert llm.chat(messages, use_tqdm=False) == []
+        return
+    with pytest.raises(ValueError, match="^messages must be a conversation"):
+        llm.chat(messages, use_tqdm=False)

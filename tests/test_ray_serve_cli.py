@@ -1,6 +1,6 @@
 """``minivllm serve --data-parallel-size 2`` as a real process (CPU, the demo model): it answers OpenAI requests
 through both replicas (per-replica metrics), refuses bad flags before Ray starts, and on SIGTERM exits 0 and
-leaves no Ray process."""
+leaves no Ray process, nor colour codes or shutdown errors in its log."""
 
 from __future__ import annotations
 
@@ -44,3 +44,7 @@ def test_serve_with_two_replicas_answers_through_both_and_stops_cleanly(tmp_path
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=90) == 0
     assert ray_processes() == 0
+    # the log of a clean run, written to a file: no colour codes, and no error or traceback at the shutdown
+    log = (tmp_path / "server.log").read_text()
+    assert "(ServeController pid=" in log and "Deleting app" in log, log[-3000:]
+    assert "\x1b[" not in log and "graceful_shutdown failed" not in log and "Traceback" not in log, log[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 import threading
 import time
 
@@ -186,15 +187,19 @@ def test_tokenize_detokenize(server):
     assert httpx.post(f"{server.url}/detokenize", json={"tokens": [10**6]}).status_code == 400
 
 
-def test_bench_serve_against_the_server(server, tmp_path, capsys):
-    """``minivllm bench serve`` end to end against this module's server (token-id prompts)."""
+def test_bench_serve_against_the_server(server, tmp_path, capsys, monkeypatch):
+    """``minivllm bench serve`` end to end against this module's server (token-id prompts), with its progress
+    bar on a terminal."""
     import minivllm
     from minivllm.entrypoints.bench import serve
+    from tests.test_bench_smoke import FakeTerminal
 
     out = tmp_path / "s.json"
+    monkeypatch.setattr(sys, "stderr", FakeTerminal())
     res = serve.main(["--base-url", server.url, "--num-prompts", "4", "--input-len", "8", "--output-len", "6",
                       "--request-rate", "20", "--token-ids", "--max-token-id", "300", "--json-out", str(out)])
     assert "== serving results ==" in capsys.readouterr().out
+    assert "Requests: 100%" in sys.stderr.getvalue() and "4/4" in sys.stderr.getvalue()
     saved = json.loads(out.read_text())
     assert saved["completed"] == 4 and saved["failed"] == 0, saved["errors"]
     assert saved["model"] == NAME and saved["version"] == minivllm.__version__

@@ -111,6 +111,28 @@ def test_forced_tool_calls_parse_and_validate(server, stream, choice):
             jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL_PARAMS[name])
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_named_call_cut_short_by_max_tokens_is_still_a_call(server, stream):
+    """As vLLM: the call, with the arguments written so far, and finish_reason length (not an empty tool_calls
+    with the partial JSON as content). Schemas without additionalProperties: false, as a client often sends."""
+    long_text = {"type": "object", "properties": {"text": {"type": "string", "minLength": 40}}, "required": ["text"]}
+    loose = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array"}}}
+    for parameters, max_tokens in ((long_text, 8), (loose, 80)):
+        tool = {"type": "function", "function": {"name": "describe", "parameters": parameters}}
+        msg, finish = chat(server, stream, tools=[tool], max_tokens=max_tokens,
+                           tool_choice={"type": "function", "function": {"name": "describe"}})
+        assert msg["content"] is None and len(msg["tool_calls"]) == 1, msg
+        (call,) = msg["tool_calls"]
+        assert call["function"]["name"] == "describe" and call["id"].startswith("call_"), call
+        arguments = call["function"]["arguments"]
+        if finish == "tool_calls":  # it finished: the arguments are whole
+            jsonschema.validate(json.loads(arguments), parameters)
+        else:
+            assert finish == "length" and arguments.startswith("{"), (finish, arguments)
+        if parameters is long_text:
+            assert finish == "length" and len(arguments) > 4, (finish, arguments)
+
+
 def test_required_without_parallel_tool_calls_makes_exactly_one_call(server):
     for seed in range(3):
         msg, finish = chat(server, False, tools=[WEATHER, SEARCH], tool_choice="required", parallel_tool_calls=False,

@@ -47,6 +47,55 @@ def test_bad_prompts_raise_and_engine_stays_usable(llm, prompt, params, match):
     assert len(out[0]["token_ids"]) == 4
 
 
+@pytest.mark.parametrize("prompts, params, match", [
+    (None, OK, "^prompts must be a string, a list of token ids, or a list of those, got NoneType"),
+    ({"prompt": "x"}, OK, "^prompts must be .* got dict"),
+    (["x", None], OK, "^a prompt must be a string or a list of token ids, got NoneType"),
+    ("x", {"temperature": 0}, "^sampling_params must be a SamplingParams or a list of them, got dict"),
+    ("x", [{"temperature": 0}], "^sampling_params must be a SamplingParams, got dict"),
+    ("x", "greedy", "^sampling_params must be a SamplingParams or a list of them, got str"),
+])
+def test_bad_generate_arguments_name_the_parameter(llm, prompts, params, match):
+    """``generate(None)`` and a dict of sampling parameters are ValueErrors naming the parameter, not a TypeError
+    or an AttributeError from deep inside."""
+    with pytest.raises(ValueError, match=match):
+        llm.generate(prompts, params, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_structured_outputs_params_is_exported():
+    import minivllm
+    from minivllm.sampling_params import StructuredOutputsParams
+
+    assert minivllm.StructuredOutputsParams is StructuredOutputsParams
+    assert "StructuredOutputsParams" in minivllm.__all__
+
+
+def test_an_over_long_prompt_is_one_error_without_the_tokenizers_warning(llm):
+    """The engine names max_model_len; transformers' "Token indices sequence length" warning is not repeated in
+    the log, while the tokenizer's other warnings stay."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    source = logging.getLogger("transformers.tokenization_utils_base")
+    source.addHandler(handler)
+    tokenizer = llm.get_tokenizer()
+    limit, tokenizer.model_max_length = tokenizer.model_max_length, 16  # NOTE: below the prompt, as a real model's
+    try:
+        with pytest.raises(ValueError, match="max_model_len is 64"):
+            llm.generate("x = 1\n" * 40, OK, use_tqdm=False)
+        assert not [r for r in records if "Token indices" in r.getMessage()], records
+        fresh = type(tokenizer).from_pretrained(llm.engine.config.model_config.model)  # as transformers loads it
+        fresh.model_max_length = 16
+        fresh.encode("x = 1\n" * 40)
+        assert [r for r in records if "Token indices" in r.getMessage()]  # the check above would have seen it
+    finally:
+        tokenizer.model_max_length = limit
+        source.removeHandler(handler)
+
+
 def test_one_bad_prompt_in_a_batch_adds_nothing(llm):
     with pytest.raises(ValueError):
         llm.generate(["fine", [99999]], OK, use_tqdm=False)

@@ -14,7 +14,14 @@ def load_tokenizer(path: str):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, use_fast=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
+    # NOTE: the engine checks a prompt's length against max_model_len itself, with an error naming it; the
+    # tokenizer's own warning about its model_max_length ("Token indices sequence length is longer ...") would only
+    # repeat that in the log. transformers skips it once it is marked as given, so mark it (that warning alone).
+    warned = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
+    return tokenizer
 
 
 def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:

@@ -8,6 +8,7 @@ The engine's flags come from the ``Config`` sub-configs (``--max-num-seqs``), th
 from __future__ import annotations
 
 import argparse
+from dataclasses import MISSING
 
 from minivllm.config import SUB_CONFIGS
 from minivllm.config.fields import engine_arg_fields
@@ -33,13 +34,35 @@ def engine_flags() -> list[tuple[str, str, object, dict]]:
     return flags_of(*SUB_CONFIGS.values())
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` with each flag's default after its text (``(default: 8000)``), unless the text already says
+    what the default is, or there is none worth showing (None, False: a switch that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is False or default == [] or default == argparse.SUPPRESS
+                or not action.option_strings or isinstance(action, argparse.BooleanOptionalAction)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def help_with_default(meta: dict) -> str:
+    """A config field's help text with its default (the flag's own argparse default is None: "not given")."""
+    text, default = meta["help"], meta.get("default")
+    if "default" in text or default is None or default is False or default is MISSING:
+        return text
+    return f"{text} (default: {default})"
+
+
 def add_flags(parser: argparse.ArgumentParser, flags, title: str, exclude: tuple[str, ...] = ()) -> None:
-    """Add ``flags`` (from :func:`flags_of`) as a group; every default is None = "the config's default"."""
+    """Add ``flags`` (from :func:`flags_of`) as a group; every default is None = "the config's default", which
+    the help text shows."""
     group = parser.add_argument_group(title)
     for flag, name, typ, meta in flags:
         if name in exclude:
             continue
-        kw = dict(dest=name, default=None, help=meta["help"])
+        kw = dict(dest=name, default=None, help=help_with_default(meta))
         if typ is None:  # a switch that is off by default has no --no- form (vLLM's --enforce-eager)
             action = "store_true" if meta.get("default") is False else argparse.BooleanOptionalAction
             group.add_argument(flag, action=action, **kw)
@@ -70,7 +93,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
 
 def serve_parser() -> argparse.ArgumentParser:
     """A parser of ``minivllm serve``'s arguments alone (what follows ``serve`` on the command line)."""
-    parser = argparse.ArgumentParser(prog="minivllm serve")
+    parser = argparse.ArgumentParser(prog="minivllm serve", formatter_class=HelpFormatter)
     add_serve_args(parser)
     return parser
 

@@ -3,6 +3,10 @@
     minivllm serve MODEL [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [engine flags]
     minivllm generate MODEL --prompt "def f(" --max-tokens 32 --temperature 0
     minivllm bench {throughput,latency,serve} ...
+    minivllm --version
+
+What ``serve`` needs beyond the default install is an extra of the package (``pyproject.toml``); a missing one
+ends the command with one line that names it and the command that installs it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ import logging
 import os
 import sys
 
-from minivllm.entrypoints.args import add_model_args, add_serve_args, engine_kwargs
+from minivllm import __version__
+from minivllm.entrypoints.args import HelpFormatter, add_model_args, add_serve_args, engine_kwargs
+from minivllm.entrypoints.extras import missing_extra
 
 
 def check_model(args: argparse.Namespace) -> str:
@@ -30,9 +36,11 @@ def _serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from minivllm.config.server import ServerConfig
 
+    on_ray = False
     try:
         config = ServerConfig.from_args(args)
         if (args.data_parallel_size or 1) > 1 or config.autoscale_max_replicas is not None:
+            on_ray = True
             from minivllm.scale_out.serve.app import run_ray_server
 
             return run_ray_server(args.model, engine_kwargs(args), config)
@@ -41,9 +49,16 @@ def _serve(args: argparse.Namespace) -> int:
         return run_server(args.model, engine_kwargs(args), config)
     except ValueError as exc:  # a bad flag: the message names it
         sys.exit(f"minivllm: {exc}")
+    except ModuleNotFoundError as exc:  # an extra that is not installed: one line, no traceback
+        message = (missing_extra(exc, "serve --data-parallel-size N", ("server", "ray")) if on_ray
+                   else missing_extra(exc, "serve", ("server",)))
+        if message is None:
+            raise
+        sys.exit(message)
 
 
 def _generate(args: argparse.Namespace) -> int:
+    """Complete each prompt and print it."""
     check_model(args)
     from minivllm import LLM, SamplingParams
 
@@ -66,19 +81,25 @@ def build_parser() -> argparse.ArgumentParser:
     from minivllm.entrypoints.bench.commands import add_bench_parser
 
     parser = argparse.ArgumentParser(prog="minivllm", description="A small LLM inference engine.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="start the OpenAI-compatible server")
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible server", formatter_class=HelpFormatter,
+                           description="Serve MODEL through an OpenAI-compatible HTTP API (/v1/completions,\n"
+                                       "/v1/chat/completions, ...). Needs the server extra: pip install -e \".[server]\";\n"
+                                       "--data-parallel-size N > 1 needs the ray extra too: pip install -e \".[server,ray]\".")
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
 
-    gen = sub.add_parser("generate", help="generate a completion of a prompt and print it")
+    gen = sub.add_parser("generate", help="generate a completion of a prompt and print it",
+                         formatter_class=HelpFormatter, description="Complete each --prompt with MODEL and print it.")
     add_model_args(gen)
     gen.add_argument("--prompt", action="append", required=True, help="the prompt (repeat for several)")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=1.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per prompt, at most")
+    gen.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set of tokens "
+                                                              "whose probabilities add up to this")
+    gen.add_argument("--top-k", type=int, default=-1, help="sample among the k most likely tokens (-1: all)")
     gen.add_argument("--stop", action="append", default=None, help="a stop string (repeat for several)")
     gen.add_argument("--sampling-seed", type=int, default=None, help="seed of the sampling")
     gen.set_defaults(func=_generate)

@@ -22,7 +22,7 @@ def _import_ray():
     try:
         import ray
     except ImportError as e:
-        raise ImportError("data_parallel_size > 1 runs its replicas on Ray: pip install 'minivllm[ray]'") from e
+        raise ImportError('data_parallel_size > 1 runs its replicas on Ray: pip install -e ".[ray]" (the ray extra)') from e
     return ray
 
 

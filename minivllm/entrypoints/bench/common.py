@@ -8,9 +8,11 @@ import datetime
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import minivllm
+from minivllm.entrypoints.args import HelpFormatter
 from minivllm.entrypoints.args import add_engine_args as add_engine_flags
 from minivllm.entrypoints.args import engine_kwargs as flag_kwargs
 from minivllm.entrypoints.bench.models import canonical_name, resolve_model
@@ -25,7 +27,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="an engine argument as KEY=VALUE (a Python literal), e.g. long_prefill_threshold=2048")
     p.add_argument("--seed", type=int, default=0, help="Python random seed of the workload")
+    add_output_args(p)
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    """``--json-out`` and ``--disable-tqdm``, which every benchmark command takes."""
     p.add_argument("--json-out", default=None, help="write the result as JSON to this path")
+    p.add_argument("--disable-tqdm", action="store_true",
+                   help="no progress bar (there is none either when stderr is not a terminal)")
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether to draw progress bars (tqdm, on stderr): on a terminal, unless ``--disable-tqdm``."""
+    return not getattr(args, "disable_tqdm", False) and sys.stderr.isatty()
 
 
 def engine_kwargs(args: argparse.Namespace, **defaults) -> tuple[str, dict]:
@@ -97,6 +111,7 @@ def metadata(args: argparse.Namespace, path: str, kw: dict) -> dict:
 
 
 def write_json(path: str | None, result: dict) -> None:
+    """Write ``result`` as JSON to ``path`` (nothing when ``path`` is None)."""
     if not path:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -106,6 +121,7 @@ def write_json(path: str | None, result: dict) -> None:
 
 
 def fmt(v) -> str:
+    """A table cell: floats with thousands separators, NaN as "-"."""
     if isinstance(v, float):
         if v != v:
             return "-"
@@ -125,9 +141,14 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
                         for v, c, w in zip(raw, r, widths)).rstrip())
 
 
+def description(doc: str) -> str:
+    """A command module's docstring as its ``--help`` text: without the reStructuredText quotes."""
+    return doc.replace("``", "")
+
+
 def register(subparsers, name: str, help: str, doc: str, add_arguments, run) -> argparse.ArgumentParser:
     """Add ``minivllm bench NAME``: its arguments, and ``run`` as the function to call."""
-    p = subparsers.add_parser(name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(name, help=help, description=description(doc), formatter_class=HelpFormatter)
     add_arguments(p)
     p.set_defaults(bench_func=run)
     return p
@@ -135,7 +156,7 @@ def register(subparsers, name: str, help: str, doc: str, add_arguments, run) -> 
 
 def standalone(name: str, doc: str, add_arguments, run, argv: list[str] | None = None) -> dict:
     """Parse ``argv`` as ``minivllm bench NAME`` would and run it (``python -m ...`` entry points)."""
-    p = argparse.ArgumentParser(prog=f"minivllm bench {name}", description=doc,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"minivllm bench {name}", description=description(doc),
+                                formatter_class=HelpFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))

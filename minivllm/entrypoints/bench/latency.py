@@ -17,9 +17,10 @@ from minivllm.entrypoints.bench import common
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--input-len", type=int, default=32)
-    p.add_argument("--output-len", type=int, default=128)
+    """The command's flags: the batch, the iterations, and the engine's."""
+    p.add_argument("--batch-size", type=int, default=8, help="requests in the batch")
+    p.add_argument("--input-len", type=int, default=32, help="prompt length, in random tokens")
+    p.add_argument("--output-len", type=int, default=128, help="tokens each request generates")
     p.add_argument("--num-iters", type=int, default=10, help="timed iterations")
     p.add_argument("--num-iters-warmup", type=int, default=2, help="untimed iterations first")
     common.add_engine_args(p)
@@ -52,6 +53,9 @@ def one_iteration(engine, prompts: list[list[int]], output_len: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
+    """Run the benchmark, print its table; returns the result."""
+    from tqdm import tqdm
+
     from minivllm.engine.llm_engine import LLMEngine
 
     path, kw = common.engine_kwargs(args)
@@ -59,10 +63,12 @@ def run(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     batch = lambda: [[rng.randint(0, hi) for _ in range(args.input_len)] for _ in range(args.batch_size)]
     engine = LLMEngine(path, **kw)
+    quiet = not common.show_progress(args)
     try:
-        for _ in range(args.num_iters_warmup):
+        for _ in tqdm(range(args.num_iters_warmup), desc="Warm-up iterations", disable=quiet):
             one_iteration(engine, batch(), args.output_len)
-        iters = [one_iteration(engine, batch(), args.output_len) for _ in range(max(1, args.num_iters))]
+        iters = [one_iteration(engine, batch(), args.output_len)
+                 for _ in tqdm(range(max(1, args.num_iters)), desc="Timed iterations", disable=quiet)]
     finally:
         engine.close()
     ttft = common.summary([x for it in iters for x in it["ttft"]], 1000)
@@ -87,10 +93,12 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``minivllm bench latency`` to an argparse sub-parsers object."""
     return common.register(subparsers, "latency", "TTFT / TPOT / end-to-end latency of one batch", __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """``python -m minivllm.entrypoints.bench.latency ...``: run it; returns the result."""
     return common.standalone("latency", __doc__, add_arguments, run, argv)
 
 

@@ -26,28 +26,30 @@ _WORDS = ("the of and to in is was for on that with as by at from his it an are 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--endpoint", default="/v1/completions")
+    """The command's flags: the server, the requests, their arrival."""
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server's address")
+    p.add_argument("--endpoint", default="/v1/completions", help="the streaming completions route")
     p.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--num-prompts", type=int, default=100)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--num-prompts", type=int, default=100, help="requests to send")
+    p.add_argument("--input-len", type=int, default=128, help="prompt length, in random words or token ids")
+    p.add_argument("--output-len", type=int, default=128, help="tokens each request generates (ignore_eos)")
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once")
-    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: no cap)")
     p.add_argument("--token-ids", action="store_true", help="send prompts as lists of token ids")
     p.add_argument("--max-token-id", type=int, default=10000, help="random token ids are drawn from [0, this]")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every request")
     p.add_argument("--logprobs", type=int, default=None,
                    help="send logprobs=N; 0 makes a server stream one chunk per token even when the text is "
                         "empty (tokenizer-less dummy models)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="Python random seed of the prompts and arrival times")
     p.add_argument("--ready-timeout", type=float, default=300, help="seconds to wait for /health to answer 200")
     p.add_argument("--label", default=None, help="series name for plots (default: the model)")
-    p.add_argument("--json-out", default=None)
+    common.add_output_args(p)
 
 
 def make_prompts(args: argparse.Namespace) -> list:
+    """The prompts: random token ids (``--token-ids``) or random words."""
     rng = random.Random(args.seed)
     if args.token_ids:
         return [[rng.randint(0, args.max_token_id) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
@@ -113,7 +115,9 @@ async def _model_name(client, base: str) -> str:
 
 
 async def benchmark(args: argparse.Namespace) -> tuple[list[dict], float, str]:
+    """Send the requests; returns their records, the wall time and the model's name."""
     import httpx
+    from tqdm import tqdm
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     base = args.base_url.rstrip("/")
@@ -136,15 +140,19 @@ async def benchmark(args: argparse.Namespace) -> tuple[list[dict], float, str]:
 
         t0 = time.perf_counter()
         tasks = []
-        for i, prompt in enumerate(prompts):
-            tasks.append(asyncio.create_task(limited(prompt)))
-            if args.request_rate != float("inf") and i < len(prompts) - 1:
-                await asyncio.sleep(rng.expovariate(args.request_rate))
-        recs = await asyncio.gather(*tasks)
-        return recs, time.perf_counter() - t0, model
+        with tqdm(total=len(prompts), desc="Requests", disable=not common.show_progress(args)) as pbar:
+            for i, prompt in enumerate(prompts):
+                tasks.append(asyncio.create_task(limited(prompt)))
+                tasks[-1].add_done_callback(lambda _: pbar.update(1))
+                if args.request_rate != float("inf") and i < len(prompts) - 1:
+                    await asyncio.sleep(rng.expovariate(args.request_rate))
+            recs = await asyncio.gather(*tasks)
+            elapsed = time.perf_counter() - t0
+        return recs, elapsed, model
 
 
 def run(args: argparse.Namespace) -> dict:
+    """Run the benchmark, print its table; returns the result."""
     recs, duration, model = asyncio.run(benchmark(args))
     ok = [r for r in recs if r["success"]]
     n_out = sum(r["output_tokens"] for r in ok)
@@ -190,10 +198,12 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``minivllm bench serve`` to an argparse sub-parsers object."""
     return common.register(subparsers, "serve", "online serving benchmark against an OpenAI-compatible server", __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """``python -m minivllm.entrypoints.bench.serve ...``: run it; returns the result."""
     return common.standalone("serve", __doc__, add_arguments, run, argv)
 
 

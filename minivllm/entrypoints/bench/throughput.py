@@ -34,13 +34,17 @@ _SIZE_KEYS = ("num_requests", "min_input_len", "max_input_len", "min_output_len"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="nano")
-    p.add_argument("--num-requests", type=int)
+    """The command's flags: the workload, its sizes, and the engine's."""
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="nano",
+                   help="the requests' sizes and sampling (listed above); the flags below override them")
+    p.add_argument("--num-requests", type=int, help="requests (default: the workload's)")
     p.add_argument("--input-len", type=int, help="fixed prompt length (sets min and max)")
     p.add_argument("--output-len", type=int, help="fixed output length (sets min and max)")
     for k in ("min-input-len", "max-input-len", "min-output-len", "max-output-len"):
-        p.add_argument(f"--{k}", type=int)
-    p.add_argument("--temperature", type=float)
+        what = "prompt" if "input" in k else "output"
+        p.add_argument(f"--{k}", type=int, help=f"{k.split('-')[0]}imum {what} length, in tokens, of the random "
+                                                  f"draws (default: the workload's)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: the workload's)")
     p.add_argument("--dataset", help="JSON/JSONL of {prompt_len, output_len} or ShareGPT conversations")
     p.add_argument("--tokenizer", help="tokenizer folder for --dataset conversations (default: the model's)")
     p.add_argument("--repeat", type=int, default=1, help="timed runs; the median is reported")
@@ -102,15 +106,16 @@ def load_dataset(path: str, n: int, seed: int, hi: int, tokenizer_path: str | No
 
 
 def timed_generate(llm, prompts: list[list[int]], max_tokens: list[int], temperature: float, shift: int,
-                   hi: int) -> dict:
-    """One timed ``generate`` call. ``shift`` changes every token id (repeats miss the prefix cache)."""
+                   hi: int, use_tqdm: bool = False) -> dict:
+    """One timed ``generate`` call. ``shift`` changes every token id (repeats miss the prefix cache);
+    ``use_tqdm`` draws the engine's progress bar."""
     from minivllm.sampling_params import SamplingParams
 
     if shift:
         prompts = [[(t + shift) % (hi + 1) for t in p] for p in prompts]
     params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=m) for m in max_tokens]
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=use_tqdm)
     elapsed = time.perf_counter() - t0
     n_out, n_in = sum(len(o["token_ids"]) for o in outs), sum(len(p) for p in prompts)
     if n_out != sum(max_tokens):
@@ -147,7 +152,8 @@ def run(args: argparse.Namespace, llm=None) -> dict:
         llm = LLM(path, **kw)
     try:
         warm_up(llm)
-        runs = [timed_generate(llm, prompts, max_tokens, spec["temperature"], 1009 * r, hi)
+        runs = [timed_generate(llm, prompts, max_tokens, spec["temperature"], 1009 * r, hi,
+                               use_tqdm=common.show_progress(args))
                 for r in range(max(1, args.repeat))]
     finally:
         if own:
@@ -173,10 +179,12 @@ def run(args: argparse.Namespace, llm=None) -> dict:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``minivllm bench throughput`` to an argparse sub-parsers object."""
     return common.register(subparsers, "throughput", "offline throughput (nano, fixed-batch, one-request)", __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """``python -m minivllm.entrypoints.bench.throughput ...``: run it; returns the result."""
     return common.standalone("throughput", __doc__, add_arguments, run, argv)
 
 

@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from minivllm import __version__
 from minivllm.config.server import ServerConfig
@@ -93,8 +94,14 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     async def on_error(request: Request, exc: Exception):
         return error_json(exc)
 
+    async def on_client_gone(request: Request, exc: ClientDisconnect):
+        # the client left while sending its body: no one to answer, and nothing failed here (no traceback)
+        logger.debug("the client left while sending %s %s", request.method, request.url.path)
+        return Response(status_code=499)
+
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(ClientDisconnect, on_client_gone)
     # the expected errors by class (Starlette re-raises what only the catch-all Exception handler took,
     # for the server to log as a crash, and closes the connection)
     for cls in (APIError, ValueError, EngineNotReadyError, EngineDeadError, EngineOverloadedError, Exception):

@@ -4,6 +4,8 @@ content, and the tool calls, whole or as stream deltas.
 Where the calls come from depends on ``tool_choice``: ``auto`` parses the model's own call syntax
 (``--tool-call-parser``); a named function's output is its arguments object and ``required``'s a JSON array of
 ``{"name", "parameters"}`` (both forced by the request's grammar, see ``structured.py``); ``none`` reads nothing.
+A named function's call is returned even when ``max_tokens`` cut its arguments short (as in vLLM, whole or
+streamed); a ``required`` output cut short cannot be split into calls, and comes back as content.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class ChatOutputReader:
         calls: list[R.ToolCall] = []
         if self.named is not None:
             calls, content = self._forced([{"name": self.named, "parameters": _loads(text)}], text)
+            if not calls:  # cut short (finish_reason length): still the call, with the arguments so far, as vLLM
+                call = R.ToolCall(id=_call_id(), function=R.FunctionCall(name=self.named, arguments=text))
+                calls, content = [call], None
         elif self.required:
             calls, content = self._forced(_loads(text), text)
         elif self.tool_parser is not None and content:

@@ -1,6 +1,7 @@
 """Request bodies into protocol models: small ones on the event loop, large ones (a long prompt, a list of a
 million token ids) in a worker thread, so one request never stalls the server; text that is not valid
-Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``) is a 400 that names the field."""
+Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``) is a 400 that names the field, and so is JSON nested
+deeper than :data:`MAX_JSON_DEPTH` (thousands of ``[``), refused where the parser reaches that depth."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from minivllm.entrypoints.openai.errors import APIError
 
 #: bodies above this many bytes are parsed and validated in a worker thread (below, a thread costs more)
 THREAD_PARSE_BYTES = 64 << 10
+#: how deep JSON arrays and objects may nest in a body: pydantic's parser stops past it, and the standard one
+#: (for the rare body pydantic refuses) is held to it too, before its recursion would fail as a 500
+MAX_JSON_DEPTH = 200
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 
@@ -38,16 +42,39 @@ def check_text(value, where: str = "") -> None:
                 check_text(item, f"{where}.{i}")
 
 
+def _too_deep() -> APIError:
+    return APIError(400, f"the request body nests JSON arrays and objects more than {MAX_JSON_DEPTH} levels deep")
+
+
+def _deeper_than(value, limit: int) -> bool:
+    """Whether parsed JSON nests arrays and objects more than ``limit`` levels (a loop: no recursion to exhaust)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def _loads(body: bytes):
     """JSON with NaN / Infinity (rejected later, by field); pydantic's fast parser first, the standard one where
     it refuses a string (it rejects lone surrogates, which :func:`check_text` then names)."""
     try:
         return pydantic_core.from_json(body, allow_inf_nan=True)
     except ValueError as exc:
+        if str(exc).startswith("recursion limit exceeded"):  # pydantic stopped at its depth: no second parse
+            raise _too_deep() from None
         try:
-            return json.loads(body)
+            data = json.loads(body)
+        except RecursionError:
+            raise _too_deep() from None
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+        if _deeper_than(data, MAX_JSON_DEPTH):
+            raise _too_deep() from None
+        return data
 
 
 def _parse(body: bytes, model: type[M]) -> M:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 
 from minivllm.config import Config
 from minivllm.config.server import ServerConfig
+from minivllm.envs import plain_ray_log_prefixes
 
 logger = logging.getLogger("minivllm.server")
 
@@ -114,22 +116,22 @@ def app_builder(args: dict):
 
 def run_ray_server(model: str, engine_kwargs: dict, server: ServerConfig) -> int:
     """Serve the replicas on Ray (a local runtime, or the cluster ``RAY_ADDRESS`` names) until SIGINT/SIGTERM."""
-    try:
-        import ray
-        from ray import serve
-    except ImportError:
-        raise SystemExit("minivllm: --data-parallel-size > 1 serves replicas on Ray Serve: "
-                         "pip install 'minivllm[ray]'") from None
+    import ray  # without the ray extra: ModuleNotFoundError, which the CLI turns into one line naming the extra
+    from ray import serve
+
     app = build_serve_app(model, engine_kwargs, server)
     owns_ray = not ray.is_initialized()
     if owns_ray:
+        plain_ray_log_prefixes(sys.stdout.isatty() and sys.stderr.isatty())
         ray.init(include_dashboard=False, configure_logging=False)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    started = False
     try:
         serve.start(http_options=dict(host=server.host, port=server.port,
                                       keep_alive_timeout_s=server.timeout_keep_alive))
+        started = True
         serve.run(app, name=APP_NAME, route_prefix=server.root_path or "/")
         logger.info("serving %s on http://%s:%d through Ray Serve", server.served_model_name or model,
                     server.host, server.port)
@@ -138,7 +140,28 @@ def run_ray_server(model: str, engine_kwargs: dict, server: ServerConfig) -> int
         logger.error("the replicas could not start: %s", exc)
         return 1
     finally:
-        serve.shutdown()
-        if owns_ray:
-            ray.shutdown()
+        _stop_serving(ray, serve, started, owns_ray and _started_local_ray(ray))
     return 0
+
+
+def _started_local_ray(ray) -> bool:
+    """Whether ``ray.init`` here started a Ray runtime (a head node) rather than joined a cluster (``RAY_ADDRESS``,
+    or one ``ray start`` began on this machine)."""
+    node = getattr(ray._private.worker, "_global_node", None)  # NOTE: Ray has no public call that says it
+    return bool(getattr(node, "head", False))
+
+
+def _stop_serving(ray, serve, started: bool, local: bool) -> None:
+    """Stop the application's replicas gracefully, then Serve and Ray. On a runtime of its own the process deletes
+    the application and shuts Ray down, which ends Serve's controller and proxy with it: ``serve.shutdown()``
+    would make the controller end itself while the call waits on it, which Ray reports as a failed task
+    ("ServeController.graceful_shutdown failed ... will be retried") at every clean exit. On a cluster Serve is
+    shut down, so that its proxy no longer holds the port."""
+    if not local:
+        serve.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+        return
+    if started:
+        serve.delete(APP_NAME)
+    ray.shutdown()

@@ -12,6 +12,7 @@ Prometheus metrics to the :class:`~minivllm.scale_out.serve.metrics.MetricsBoard
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -110,6 +111,12 @@ class EngineReplica:
     async def __del__(self):
         if self._poster is not None:
             self._poster.cancel()
-            await self._board.remove.remote(self.replica_id)
-        if hasattr(self, "llm"):
-            await self.llm.shutdown()
+        try:
+            if hasattr(self, "llm"):
+                await self.llm.shutdown()
+        finally:
+            if self._poster is not None:
+                # NOTE: when the whole application is deleted, the board may be gone already (the call then fails)
+                # or going (it may never answer): there is then no one to tell
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._board.remove.remote(self.replica_id), self._interval * 2)
