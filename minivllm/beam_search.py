@@ -53,17 +53,19 @@ class BeamSearchParams:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not math.isfinite(self.length_penalty):
             raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty}")
-        self.step_params()  # the engine's own limits: beam_width names what asks for too many logprobs
+
+    def check_width(self, max_logprobs: int) -> None:
+        """ValueError naming ``beam_width`` when each step would ask an engine of ``max_logprobs`` (-1: the whole
+        vocabulary) for more logprobs than it returns."""
+        if max_logprobs != -1 and 2 * self.beam_width > max_logprobs:
+            raise ValueError(f"beam_width {self.beam_width} is too large: each step asks the engine for the "
+                             f"2 * beam_width = {2 * self.beam_width} most likely tokens, and it returns at most "
+                             f"max_logprobs = {max_logprobs} (raise it with --max-logprobs)")
 
     def step_params(self, seed: int | None = None) -> SamplingParams:
         """The parameters of one step's request for one beam: one token, with the ``2 * beam_width`` most likely
-        next tokens' logprobs. ValueError naming ``beam_width`` when the engine returns fewer logprobs than that."""
-        try:
-            return SamplingParams(max_tokens=1, logprobs=2 * self.beam_width, temperature=self.temperature,
-                                  seed=seed)
-        except ValueError as exc:
-            raise ValueError(f"beam_width {self.beam_width} is too large: each step asks the engine for the "
-                             f"2 * beam_width most likely tokens ({exc})") from None
+        next tokens' logprobs."""
+        return SamplingParams(max_tokens=1, logprobs=2 * self.beam_width, temperature=self.temperature, seed=seed)
 
 
 @dataclass

@@ -76,6 +76,7 @@ class LLM:
         """
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        params.check_width(self.engine.config.model_config.max_logprobs)
         if concurrency_limit is not None and (not isinstance(concurrency_limit, int) or concurrency_limit < 1):
             raise ValueError(f"concurrency_limit must be an integer >= 1 or None, got {concurrency_limit!r}")
         if isinstance(prompts, dict):

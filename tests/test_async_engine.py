@@ -50,7 +50,7 @@ class FakeEngine:
         self.closed = False
         self.tokenizer = CharTokenizer()
         self.config = SimpleNamespace(cache_config=SimpleNamespace(kvcache_block_size=16), model_config=SimpleNamespace(
-            max_model_len=64, arch=SimpleNamespace(vocab_size=128)))
+            max_model_len=64, max_logprobs=20, arch=SimpleNamespace(vocab_size=128)))
         self.num_kvcache_blocks, self.eos_token_ids, self.structured = 8, [0], None
 
     def add_request(self, prompt, params, request_id=None, stream=False, strict_length=False):

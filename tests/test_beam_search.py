@@ -95,7 +95,7 @@ def test_ignore_eos_and_the_model_length():
 
 @pytest.mark.parametrize("kwargs, name", [
     ({"beam_width": 0}, "beam_width"), ({"beam_width": "2"}, "beam_width"), ({"beam_width": True}, "beam_width"),
-    ({"beam_width": 11}, "beam_width"), ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 2.5}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 2.5}, "max_tokens"),
     ({"temperature": -1.0}, "temperature"), ({"temperature": math.nan}, "temperature"),
     ({"length_penalty": math.inf}, "length_penalty"), ({"ignore_eos": "yes"}, "ignore_eos"),
     ({"include_stop_str_in_output": 1}, "include_stop_str_in_output"),
@@ -103,6 +103,15 @@ def test_ignore_eos_and_the_model_length():
 def test_bad_parameters_name_themselves(kwargs, name):
     with pytest.raises(ValueError, match=f"^{name}"):
         BeamSearchParams(**{"beam_width": 2, "max_tokens": 4, **kwargs})
+
+
+def test_the_width_fits_the_engines_max_logprobs():
+    """Each step asks for 2 x beam_width logprobs: a width the engine cannot serve is an error naming it."""
+    params = BeamSearchParams(beam_width=11, max_tokens=4)
+    with pytest.raises(ValueError, match="^beam_width 11 is too large.*max_logprobs = 20"):
+        params.check_width(20)
+    params.check_width(22)
+    params.check_width(-1)  # the whole vocabulary
 
 
 # ------------------------------------------------------------------ the engine, against transformers

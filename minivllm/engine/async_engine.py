@@ -259,7 +259,7 @@ class AsyncLLM:
         try:
             mc, cc = engine.config.model_config, engine.config.cache_config
             self._info = ModelInfo(mc.max_model_len, mc.arch.vocab_size, tuple(engine.eos_token_ids),
-                                   cc.kvcache_block_size, engine.num_kvcache_blocks)
+                                   cc.kvcache_block_size, engine.num_kvcache_blocks, mc.max_logprobs)
             self._engine = engine
             for sl in tuple(self.stat_loggers):
                 self._tell_cache_config(sl)

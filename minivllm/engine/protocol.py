@@ -41,6 +41,7 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     kvcache_block_size: int
     num_kvcache_blocks: int
+    max_logprobs: int = 20  # the most logprobs a request may ask for (-1: the whole vocabulary)
 
 
 class StatLogger(Protocol):

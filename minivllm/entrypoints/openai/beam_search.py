@@ -37,16 +37,19 @@ def check_beam_search_request(req: P.SamplingRequest, constraint_field: str | No
                        param=constraint_field)
 
 
-def beam_search_params(req: P.SamplingRequest, max_tokens: int) -> BeamSearchParams:
+def beam_search_params(req: P.SamplingRequest, max_tokens: int, max_logprobs: int) -> BeamSearchParams:
     """The request's ``BeamSearchParams`` (a 400 naming the field of a value out of range: ``n`` or ``best_of`` for
-    the width, ``temperature``, ``length_penalty``, ``max_tokens``)."""
+    the width, also when the engine's ``max_logprobs`` is too small for it, ``temperature``, ``length_penalty``,
+    ``max_tokens``)."""
     width_field = "best_of" if req.best_of is not None else "n"
     width = req.best_of if req.best_of is not None else req.n
     try:
-        return BeamSearchParams(beam_width=width, max_tokens=max_tokens, ignore_eos=req.ignore_eos,
-                                temperature=1.0 if req.temperature is None else req.temperature,
-                                length_penalty=req.length_penalty,
-                                include_stop_str_in_output=req.include_stop_str_in_output)
+        params = BeamSearchParams(beam_width=width, max_tokens=max_tokens, ignore_eos=req.ignore_eos,
+                                  temperature=1.0 if req.temperature is None else req.temperature,
+                                  length_penalty=req.length_penalty,
+                                  include_stop_str_in_output=req.include_stop_str_in_output)
+        params.check_width(max_logprobs)
+        return params
     except ValueError as exc:
         message = str(exc)
         name = message.split(" ", 1)[0]

@@ -140,7 +140,7 @@ class ServingBase:
                                     f"you requested {len(ids) + steps} tokens ({len(ids)} in the prompt, {steps} in "
                                     f"the completion). Please reduce the length of the prompt or the completion.")
             streams.append(BeamSearchStream(
-                self.llm, ids, beam_search_params(req, steps), f"{base_id}-{i}", num_outputs=req.n,
+                self.llm, ids, beam_search_params(req, steps, info.max_logprobs), f"{base_id}-{i}", num_outputs=req.n,
                 eos_token_ids=info.eos_token_ids, max_model_len=info.max_model_len, decode=decode, seed=req.seed,
                 prompt_logprobs=prompt_logprobs))
         return streams
