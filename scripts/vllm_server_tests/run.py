@@ -135,19 +135,29 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", default=[], help="run only the selected files containing these")
     parser.add_argument("--file-timeout-s", type=int, default=1500)
     parser.add_argument("--test-timeout-s", type=int, default=300)
+    parser.add_argument("--report-only", action="store_true", help="report the results of the last run again")
     args = parser.parse_args()
     try:
         import pytest_asyncio  # noqa: F401
     except ImportError:
         raise SystemExit("vLLM's tests need pytest-asyncio: pip install pytest-asyncio pybase64") from None
     vllm_root = staging.find_vllm_tests(args.vllm_tests.resolve())
-    paths = staging.stage(vllm_root, args.stage)
+    paths = staging.stage(vllm_root, args.stage)  # NOTE: also with --report-only, for the adaptations' list
     unlisted = unlisted_files(paths["tests"])
     files = [f for f in selection.SELECTED if not args.only or any(s in f for s in args.only)]
     per_file: dict[str, dict[str, dict]] = {}
     times: dict[str, float] = {}
     for rel in files:
-        entries, times[rel] = run_file(rel, paths, args.stage, args.file_timeout_s, args.test_timeout_s)
+        if args.report_only:
+            results = args.stage / "results" / (rel.replace("/", "__") + ".jsonl")
+            entries = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+            times_file = args.stage / "results" / "times.json"
+            times[rel] = json.loads(times_file.read_text()).get(rel, 0) if times_file.exists() else 0
+        else:
+            entries, times[rel] = run_file(rel, paths, args.stage, args.file_timeout_s, args.test_timeout_s)
+            times_file = args.stage / "results" / "times.json"
+            known = json.loads(times_file.read_text()) if times_file.exists() else {}
+            times_file.write_text(json.dumps({**known, rel: times[rel]}))
         per_file[rel] = outcome_per_test(entries)
         c = Counter(t["outcome"] for t in per_file[rel].values())
         print(f"{rel}: " + ", ".join(f"{c[o]} {o}" for o in OUTCOMES) + f" ({times[rel]:.0f} s)", flush=True)
