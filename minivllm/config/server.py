@@ -17,6 +17,8 @@ class ServerConfig:
 
     host: str = arg("127.0.0.1", "address to listen on")
     port: int = arg(8000, "port to listen on")
+    uds: str | None = arg(None, "serve on this Unix domain socket instead of --host/--port (one engine: Ray Serve's "
+                                "proxy, with --data-parallel-size, listens on --host/--port)")
     served_model_name: str | None = arg(None, "the model name clients use (default: MODEL as given)")
     api_key: list[str] = field(default_factory=list, metadata={
         "help": "require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (repeat for several "
@@ -78,5 +80,7 @@ class ServerConfig:
         at_least("autoscale_target_ongoing_requests", self.autoscale_target_ongoing_requests, 1)
         if self.autoscale_max_replicas is not None:
             at_least("autoscale_max_replicas", self.autoscale_max_replicas, 1)
+        if self.uds is not None and not self.uds:
+            raise ValueError("uds must be a socket path, got ''")
         if any(not isinstance(k, str) or not k for k in self.api_key):
             raise ValueError("api_key must be non-empty strings")

@@ -224,7 +224,7 @@ def run_server(model: str, engine_kwargs: dict, config: ServerConfig) -> int:
             if loop is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(async_llm.begin_shutdown)
 
-    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, uds=config.uds, log_level=config.log_level,
                                root_path=config.root_path or "",
                                timeout_graceful_shutdown=10, access_log=config.log_level == "debug",
                                http=guarded_h11(config.request_timeout_s), timeout_keep_alive=config.timeout_keep_alive)
