@@ -1,5 +1,6 @@
 """vLLM's operational behaviours over HTTP, against ``minivllm serve`` of the demo model on a Unix domain socket
-(``--uds``)."""
+(``--uds``): ``--enable-force-include-usage``, and ``prompt_tokens_details`` null without
+``--enable-prompt-tokens-details``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import tempfile
 import time
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,7 +25,8 @@ pytestmark = [pytest.mark.server,
               pytest.mark.skipif(not (ROOT / "models" / "minivllm-demo-py").is_dir(), reason="no demo model")]
 DEMO = str(ROOT / "models" / "minivllm-demo-py")
 NAME = "demo"
-ARGS = ["--served-model-name", NAME, "--device", "cpu", "--max-model-len", "512"]
+ARGS = ["--served-model-name", NAME, "--device", "cpu", "--max-model-len", "512", "--enable-force-include-usage"]
+USER = [{"role": "user", "content": "What does `bisect.insort` do?"}]
 
 
 @contextlib.contextmanager
@@ -62,6 +65,14 @@ def uds_server(args: list[str], log_path):
 def http(tmp_path_factory):
     with uds_server(ARGS, tmp_path_factory.mktemp("ops") / "server.log") as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def oai(http):
+    client = openai.OpenAI(base_url="http://minivllm/v1", api_key="none", max_retries=0,
+                           http_client=httpx.Client(transport=httpx.HTTPTransport(uds=http.sock), timeout=60))
+    yield client
+    client.close()
 
 
 def metrics(http) -> dict[str, float]:
@@ -119,3 +130,41 @@ def test_uds_serves_one_engine_only():
         build_serve_app(DEMO, {"data_parallel_size": 2, "device": "cpu"}, ServerConfig(uds="/tmp/x.sock"))
     with pytest.raises(ValueError, match="uds must be a socket path"):
         ServerConfig(uds="")
+
+
+# ------------------------------------------------------------------ --enable-force-include-usage
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": "def f(x):"}),
+                                        ("/v1/chat/completions", {"messages": USER})])
+def test_forced_usage_is_in_every_chunk_and_a_last_one(http, path, body):
+    body = {"model": NAME, **body, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": True}
+    with http.stream("POST", path, json=body) as r:  # no stream_options: the server adds usage anyway
+        assert r.status_code == 200
+        events = sse(r)
+    *chunks, last = events
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6
+    assert all(e["usage"] is not None for e in chunks)
+    counts = [e["usage"]["completion_tokens"] for e in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6
+    assert all(e["usage"]["total_tokens"] == e["usage"]["prompt_tokens"] + e["usage"]["completion_tokens"]
+               for e in events)
+    # as asked explicitly, include_usage alone: still in every chunk (vLLM's flag forces both)
+    with http.stream("POST", path, json={**body, "stream_options": {"include_usage": True}}) as r:
+        assert all(e["usage"] is not None for e in sse(r))
+    whole = http.post(path, json={**body, "stream": False}).json()
+    assert whole["usage"]["completion_tokens"] == 6 and whole["usage"]["prompt_tokens_details"] is None
+
+
+def test_prompt_tokens_details_are_null_without_the_flag(http):
+    """vLLM's default: no --enable-prompt-tokens-details, no prompt_tokens_details, even on a prefix-cache hit."""
+    body = {"model": NAME, "prompt": [300 + i for i in range(70)], "max_tokens": 1}
+    for _ in range(2):
+        assert http.post("/v1/completions", json=body).json()["usage"]["prompt_tokens_details"] is None
+    with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert all(e["usage"]["prompt_tokens_details"] is None for e in sse(r))
+    assert metrics(http)["vllm:prefix_cache_hits_total{}"] > 0  # the engine did read the cache
+
+
+def test_forced_usage_through_the_openai_client(oai):
+    chunks = list(oai.chat.completions.create(model=NAME, messages=USER, max_tokens=5, temperature=0, stream=True,
+                                              extra_body={"min_tokens": 5}))
+    assert all(c.usage is not None for c in chunks) and chunks[-1].usage.completion_tokens == 5

@@ -48,6 +48,11 @@ class ServerConfig:
                                        choices=("hermes", "llama3_json"))
     reasoning_parser: str | None = arg(None, "move the model's <think>...</think> into reasoning_content: qwen3",
                                        choices=("qwen3",))
+    enable_force_include_usage: bool = arg(False, "usage in every chunk of every stream, and a last chunk with "
+                                                  "it, whether or not the request asked (stream_options)")
+    enable_prompt_tokens_details: bool = arg(False, "report usage.prompt_tokens_details.cached_tokens, the prompt "
+                                                    "tokens read from the prefix cache, when there are any (without "
+                                                    "it, or with none, prompt_tokens_details is null, as in vLLM)")
     autoscale_max_replicas: int | None = arg(None, "with --data-parallel-size N: let Ray Serve add engine replicas, "
                                                    "up to this many, while their queues are long (and remove them "
                                                    "down to N when idle)")

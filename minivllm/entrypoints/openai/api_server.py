@@ -37,7 +37,7 @@ from minivllm.entrypoints.openai.inputs import RequestLimits
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body
 from minivllm.entrypoints.openai.serving import OpenAIServing
-from minivllm.entrypoints.openai.serving_base import ChatParsers
+from minivllm.entrypoints.openai.serving_base import ChatParsers, UsageOptions
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
 
 logger = logging.getLogger("minivllm.server")
@@ -67,7 +67,8 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     limits = RequestLimits(config.max_n, config.max_logprobs, config.max_stop_strings, config.max_stop_string_chars,
                            config.trust_request_chat_template)
     serving = OpenAIServing(async_llm, served_model_name, limits, ChatParsers(
-        config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser))
+        config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser),
+        UsageOptions(config.enable_force_include_usage, config.enable_prompt_tokens_details))
     created = int(time.time())
 
     @asynccontextmanager

@@ -60,7 +60,7 @@ class CompletionServing(ServingBase):
                     prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
                     token_ids=list(c.token_ids) if req.return_token_ids else None))
         return json_response(R.CompletionResponse(id=rid, model=self.model_name, choices=choices,
-                                                  usage=final_usage(finals)))
+                                                  usage=final_usage(finals, self.usage_options)))
 
     @staticmethod
     def _join(prompt: R.CompletionLogProbs, gen: R.CompletionLogProbs) -> R.CompletionLogProbs:
@@ -72,7 +72,7 @@ class CompletionServing(ServingBase):
     async def _completion_stream(self, req, rid, streams, ids, echo) -> AsyncIterator[str]:
         n, as_id = req.n, req.return_tokens_as_token_ids
         sent: dict[int, int] = {}  # choice index -> completion characters streamed so far
-        usage = new_usage(sum(len(p) for p in ids))
+        usage = new_usage(sum(len(p) for p in ids), self.usage_options)
 
         def chunk(choice):
             return sse(R.CompletionResponse(id=rid, model=self.model_name, choices=[choice],
