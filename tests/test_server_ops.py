@@ -1,12 +1,14 @@
 """vLLM's operational behaviours over HTTP, against ``minivllm serve`` of the demo model on a Unix domain socket
-(``--uds``): ``--enable-force-include-usage``, and ``prompt_tokens_details`` null without
-``--enable-prompt-tokens-details``."""
+(``--uds``): ``--enable-force-include-usage`` (and ``prompt_tokens_details`` null without
+``--enable-prompt-tokens-details``), ``--enable-server-load-tracking`` with ``GET /load``, and the ORCA
+``endpoint-load-metrics`` header."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,7 +27,8 @@ pytestmark = [pytest.mark.server,
               pytest.mark.skipif(not (ROOT / "models" / "minivllm-demo-py").is_dir(), reason="no demo model")]
 DEMO = str(ROOT / "models" / "minivllm-demo-py")
 NAME = "demo"
-ARGS = ["--served-model-name", NAME, "--device", "cpu", "--max-model-len", "512", "--enable-force-include-usage"]
+ARGS = ["--served-model-name", NAME, "--device", "cpu", "--max-model-len", "512", "--enable-force-include-usage",
+        "--enable-server-load-tracking"]
 USER = [{"role": "user", "content": "What does `bisect.insort` do?"}]
 
 
@@ -168,3 +171,57 @@ def test_forced_usage_through_the_openai_client(oai):
     chunks = list(oai.chat.completions.create(model=NAME, messages=USER, max_tokens=5, temperature=0, stream=True,
                                               extra_body={"min_tokens": 5}))
     assert all(c.usage is not None for c in chunks) and chunks[-1].usage.completion_tokens == 5
+
+
+# ------------------------------------------------------------------ --enable-server-load-tracking, GET /load
+def test_load_counts_the_generating_requests_in_flight(http):
+    assert http.get("/load").json() == {"server_load": 0}
+    body = {"model": NAME, "prompt": "def g(", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as a, \
+            http.stream("POST", "/v1/chat/completions", json={**body, "prompt": None, "messages": USER}) as b:
+        assert a.status_code == b.status_code == 200
+        lines_a, lines_b = a.iter_lines(), b.iter_lines()  # NOTE: held: a dropped iterator closes its connection
+        next(ln for ln in lines_a if ln.startswith("data: "))
+        next(ln for ln in lines_b if ln.startswith("data: "))
+        assert http.get("/load").json() == {"server_load": 2}
+        http.get("/metrics")
+        http.post("/tokenize", json={"prompt": "x"})
+        assert http.get("/load").json() == {"server_load": 2}  # other routes are not counted
+    deadline = time.monotonic() + 10  # the server sees the disconnects
+    while http.get("/load").json()["server_load"] != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert http.post("/v1/completions", json={"model": NAME, "prompt": "x", "temperature": -1}).status_code == 400
+    http.post("/v1/completions", json={"model": NAME, "prompt": "x", "max_tokens": 2})
+    assert http.get("/load").json() == {"server_load": 0}
+    wait_idle(http)
+
+
+# ------------------------------------------------------------------ the ORCA load report header
+ORCA_TEXT = re.compile(r"^TEXT named_metrics\.kv_cache_usage_perc=[0-9.e-]+, named_metrics\.num_requests_waiting=[0-9.]+$")
+
+
+def test_orca_header_when_asked_in_text_or_json(http):
+    body = {"model": NAME, "prompt": "x", "max_tokens": 2}
+    r = http.post("/v1/completions", json=body, headers={"endpoint-load-metrics-format": "TEXT"})
+    assert ORCA_TEXT.match(r.headers["endpoint-load-metrics"]), r.headers["endpoint-load-metrics"]
+    r = http.post("/v1/chat/completions", json={**body, "prompt": None, "messages": USER},
+                  headers={"endpoint-load-metrics-format": "json"})
+    kind, _, report = r.headers["endpoint-load-metrics"].partition(" ")
+    named = json.loads(report)["named_metrics"]
+    assert kind == "JSON" and set(named) == {"kv_cache_usage_perc", "num_requests_waiting"}
+    assert 0 <= named["kv_cache_usage_perc"] <= 1 and named["num_requests_waiting"] >= 0
+    assert "endpoint-load-metrics" not in http.post("/v1/completions", json=body).headers  # not asked
+    r = http.post("/v1/completions", json=body, headers={"endpoint-load-metrics-format": "XML"})
+    assert r.status_code == 200 and "endpoint-load-metrics" not in r.headers  # a format vLLM does not know
+    with http.stream("POST", "/v1/completions", json={**body, "stream": True},
+                     headers={"endpoint-load-metrics-format": "TEXT"}) as r:
+        assert "endpoint-load-metrics" not in r.headers and sse(r)  # streams carry none, as in vLLM
+    r = http.post("/v1/completions", json={**body, "temperature": -1}, headers={"endpoint-load-metrics-format": "TEXT"})
+    assert r.status_code == 400 and "endpoint-load-metrics" not in r.headers
+
+
+def test_orca_header_through_the_openai_client(oai):
+    raw = oai.completions.with_raw_response.create(model=NAME, prompt="x", max_tokens=2,
+                                                   extra_headers={"endpoint-load-metrics-format": "TEXT"})
+    assert ORCA_TEXT.match(raw.headers["endpoint-load-metrics"]) and raw.parse().choices[0].text is not None

@@ -62,6 +62,7 @@ class PrometheusStatLogger:
 
         self._success = Counter("vllm:request_success", "Requests that ended, by finish reason.",
                                 names + ["finished_reason"], registry=r)
+        self._load: dict[str, float] = {"kv_cache_usage_perc": 0.0, "num_requests_waiting": 0.0}
         self._model = model_name
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first generated token.")
         self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens of one completion.")
@@ -85,6 +86,8 @@ class PrometheusStatLogger:
         self.num_running.set(stats.num_running)
         self.num_waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
+        self._load = {"kv_cache_usage_perc": float(stats.kv_cache_usage),
+                      "num_requests_waiting": float(stats.num_waiting)}
         self.kv_blocks_used.set(stats.kv_blocks_used)
         self.kv_blocks_total.set(stats.kv_blocks_total)
         if stats.num_preempted:
@@ -132,6 +135,11 @@ class PrometheusStatLogger:
         for key in [k for k in self._last_token if k[0] == request_id]:
             del self._last_token[key]
         self._success.labels(self._model, "abort").inc()
+
+    def load_report(self) -> dict[str, float]:
+        """The ORCA load report's named metrics (vLLM's: KV cache usage and waiting requests) after the latest
+        step, for the ``endpoint-load-metrics`` response header."""
+        return dict(self._load)
 
     def render(self) -> bytes:
         """The metrics in the Prometheus text format."""
