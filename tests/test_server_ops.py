@@ -1,7 +1,8 @@
 """vLLM's operational behaviours over HTTP, against ``minivllm serve`` of the demo model on a Unix domain socket
 (``--uds``): ``--enable-force-include-usage`` (and ``prompt_tokens_details`` null without
-``--enable-prompt-tokens-details``), ``--enable-server-load-tracking`` with ``GET /load``, and the ORCA
-``endpoint-load-metrics`` header."""
+``--enable-prompt-tokens-details``), ``--enable-server-load-tracking`` with ``GET /load``, the ORCA
+``endpoint-load-metrics`` header, and the metrics vLLM's own tests read (``vllm:iteration_tokens_total``,
+``vllm:num_requests_waiting_by_reason``, the counters of an aborted request)."""
 
 from __future__ import annotations
 
@@ -225,3 +226,54 @@ def test_orca_header_through_the_openai_client(oai):
     raw = oai.completions.with_raw_response.create(model=NAME, prompt="x", max_tokens=2,
                                                    extra_headers={"endpoint-load-metrics-format": "TEXT"})
     assert ORCA_TEXT.match(raw.headers["endpoint-load-metrics"]) and raw.parse().choices[0].text is not None
+
+
+# ------------------------------------------------------------------ metrics that vLLM's tests read
+def test_iteration_tokens_count_prompts_and_generated_tokens_per_step(http):
+    """vLLM's expectation (its test_metrics_counts): sequential requests of P prompt tokens and T generated ones
+    add N * (P + T) to the sum and N * T to the count (the first step carries the prompt)."""
+    ids = http.post("/tokenize", json={"prompt": "Hello my name is Robert and I love magic"}).json()["tokens"]
+    before = settle(http)
+    for _ in range(3):
+        http.post("/v1/completions", json={"model": NAME, "prompt": ids, "max_tokens": 5, "ignore_eos": True})
+    after = wait_idle(http)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["vllm:iteration_tokens_total_sum{}"] == 3 * (len(ids) + 5)
+    assert delta["vllm:iteration_tokens_total_count{}"] == 3 * 5
+    assert delta["vllm:prompt_tokens_total{}"] == 3 * len(ids) and delta["vllm:generation_tokens_total{}"] == 15
+    assert delta['vllm:request_success_total{"finished_reason": "length"}'] == 3
+    buckets = sorted(float(k.split('"le": "')[1].split('"')[0]) for k in after
+                     if k.startswith("vllm:iteration_tokens_total_bucket"))
+    assert buckets == [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, float("inf")]
+
+
+def test_waiting_by_reason_and_every_finish_reason_exist(http):
+    m = wait_idle(http)
+    assert m['vllm:num_requests_waiting_by_reason{"reason": "capacity"}'] == m["vllm:num_requests_waiting{}"] == 0
+    assert m['vllm:num_requests_waiting_by_reason{"reason": "deferred"}'] == 0
+    for reason in ("stop", "length", "abort", "error", "repetition"):
+        assert f'vllm:request_success_total{{"finished_reason": "{reason}"}}' in m
+
+
+def test_an_aborted_request_is_counted_as_vllm_counts_it(http):
+    """What vLLM's test_abort_metrics_reset reads after an abort (running, waiting, KV cache usage back to 0),
+    and the counters: the request ends as "abort", its prompt and the tokens it generated are counted."""
+    prompt = http.post("/tokenize", json={"prompt": "def fibonacci(n):"}).json()["tokens"]
+    before = settle(http)
+    body = {"model": NAME, "prompt": prompt, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    received = 0
+    with http.stream("POST", "/v1/completions", json={**body, "return_token_ids": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                received += sum(len(c["token_ids"]) for c in json.loads(line[6:])["choices"])
+                if received >= 3:
+                    break
+    after = wait_idle(http)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert after["vllm:kv_cache_usage_perc{}"] == 0
+    assert delta['vllm:request_success_total{"finished_reason": "abort"}'] == 1
+    assert sum(delta[f'vllm:request_success_total{{"finished_reason": "{r}"}}'] for r in ("stop", "length")) == 0
+    assert delta["vllm:prompt_tokens_total{}"] == len(prompt)
+    assert delta["vllm:generation_tokens_total{}"] >= received
+    assert delta["vllm:time_to_first_token_seconds_count{}"] == 1
+    assert http.get("/load").json() == {"server_load": 0}
