@@ -1,8 +1,8 @@
 """vLLM's operational behaviours over HTTP, against ``minivllm serve`` of the demo model on a Unix domain socket
-(``--uds``): ``--enable-force-include-usage`` (and ``prompt_tokens_details`` null without
-``--enable-prompt-tokens-details``), ``--enable-server-load-tracking`` with ``GET /load``, the ORCA
-``endpoint-load-metrics`` header, and the metrics vLLM's own tests read (``vllm:iteration_tokens_total``,
-``vllm:num_requests_waiting_by_reason``, the counters of an aborted request)."""
+(``--uds``): ``--enable-force-include-usage``, ``--enable-server-load-tracking`` with ``GET /load``, the batch chat
+route, SageMaker's ``/invocations`` and ``/ping``, the ORCA ``endpoint-load-metrics`` header, and the metrics
+vLLM's own tests read (``vllm:iteration_tokens_total``, ``vllm:num_requests_waiting_by_reason``, the counters of an
+aborted request)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,8 @@ NAME = "demo"
 ARGS = ["--served-model-name", NAME, "--device", "cpu", "--max-model-len", "512", "--enable-force-include-usage",
         "--enable-server-load-tracking"]
 USER = [{"role": "user", "content": "What does `bisect.insort` do?"}]
+CONVERSATIONS = [USER, [{"role": "user", "content": "What does `os.path.join` do?"}],
+                 [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is `zip`?"}]]
 
 
 @contextlib.contextmanager
@@ -212,6 +215,8 @@ def test_orca_header_when_asked_in_text_or_json(http):
     named = json.loads(report)["named_metrics"]
     assert kind == "JSON" and set(named) == {"kv_cache_usage_perc", "num_requests_waiting"}
     assert 0 <= named["kv_cache_usage_perc"] <= 1 and named["num_requests_waiting"] >= 0
+    r = http.post("/invocations", json=body, headers={"endpoint-load-metrics-format": "TEXT"})
+    assert ORCA_TEXT.match(r.headers["endpoint-load-metrics"])
     assert "endpoint-load-metrics" not in http.post("/v1/completions", json=body).headers  # not asked
     r = http.post("/v1/completions", json=body, headers={"endpoint-load-metrics-format": "XML"})
     assert r.status_code == 200 and "endpoint-load-metrics" not in r.headers  # a format vLLM does not know
@@ -277,3 +282,88 @@ def test_an_aborted_request_is_counted_as_vllm_counts_it(http):
     assert delta["vllm:generation_tokens_total{}"] >= received
     assert delta["vllm:time_to_first_token_seconds_count{}"] == 1
     assert http.get("/load").json() == {"server_load": 0}
+
+
+# ------------------------------------------------------------------ POST /v1/chat/completions/batch
+def test_batch_chat_answers_each_conversation_as_chat_would(http):
+    kw = {"model": NAME, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    out = http.post("/v1/chat/completions/batch", json={**kw, "messages": CONVERSATIONS})
+    assert out.status_code == 200, out.text
+    out = out.json()
+    assert out["object"] == "chat.completion" and out["id"].startswith("chatcmpl-") and out["model"] == NAME
+    singles = [http.post("/v1/chat/completions", json={**kw, "messages": c}).json() for c in CONVERSATIONS]
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    for choice, single in zip(out["choices"], singles):
+        assert choice["message"] == single["choices"][0]["message"] and choice["message"]["content"]
+        assert choice["token_ids"] == single["choices"][0]["token_ids"]
+        assert choice["finish_reason"] == single["choices"][0]["finish_reason"]
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert out["usage"][key] == sum(s["usage"][key] for s in singles)
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    out = http.post("/v1/chat/completions/batch", json={**kw, "max_tokens": 30, "messages": CONVERSATIONS[:2],
+                                                        "response_format": fmt}).json()
+    assert [json.loads(c["message"]["content"])["answer"] in ("yes", "no") for c in out["choices"]] == [True, True]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"stream": True}, "stream"), ({"n": 2}, "n"), ({"messages": []}, "messages"),
+    ({"messages": [USER, []]}, "messages"), ({"messages": USER}, "messages.0"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"messages": [USER, [{"role": "user", "content": "x" * 3000}]]}, None),  # chat's own 400: too long
+])
+def test_a_batch_it_cannot_run_gets_a_400_naming_the_field(http, body, param):
+    err = error_of(http.post("/v1/chat/completions/batch", json={"model": NAME, "messages": CONVERSATIONS, **body}))
+    assert err["param"] == param, err
+    assert error_of(http.post("/v1/chat/completions/batch", json={"model": "nope", "messages": CONVERSATIONS}),
+                    404)["code"] == "model_not_found"
+    wait_idle(http)  # a refused batch leaves nothing running
+
+
+def test_a_batch_whose_client_goes_away_aborts_every_conversation(http):
+    before = settle(http)
+    body = json.dumps({"model": NAME, "messages": CONVERSATIONS, "max_tokens": 400, "ignore_eos": True}).encode()
+    with socket.socket(socket.AF_UNIX) as raw:
+        raw.connect(http.sock)
+        raw.sendall(b"POST /v1/chat/completions/batch HTTP/1.1\r\nHost: minivllm\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 20
+        while metrics(http)["vllm:num_requests_running{}"] < len(CONVERSATIONS):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    after = wait_idle(http)
+    aborted = 'vllm:request_success_total{"finished_reason": "abort"}'
+    assert after[aborted] - before[aborted] == len(CONVERSATIONS)
+
+
+# ------------------------------------------------------------------ SageMaker: POST /invocations, /ping
+def test_invocations_routes_chat_and_completion_bodies(http):
+    chat = http.post("/invocations", json={"model": NAME, "messages": USER, "max_tokens": 8, "temperature": 0})
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+    assert chat.json()["choices"][0]["message"]["content"] == http.post("/v1/chat/completions", json={
+        "model": NAME, "messages": USER, "max_tokens": 8, "temperature": 0}).json()["choices"][0]["message"]["content"]
+    text = http.post("/invocations", json={"prompt": "def f(x):", "max_tokens": 4, "temperature": 0})
+    assert text.status_code == 200 and text.json()["object"] == "text_completion"
+    with http.stream("POST", "/invocations", json={"prompt": "def f(x):", "max_tokens": 4, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream") and sse(r)[0]["object"] == "text_completion"
+    for method in ("GET", "POST"):
+        assert http.request(method, "/ping").status_code == 200
+    doc = http.get("/openapi.json").json()
+    assert {"/invocations", "/v1/chat/completions/batch", "/load", "/ping"} <= set(doc["paths"])
+    assert {"BatchChatCompletionRequest", "ChatCompletionRequest", "CompletionRequest"} <= set(doc["components"]["schemas"])
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"model": NAME}, None, "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', "
+                            "'CompletionRequest']"),
+    ([1, 2], None, "Cannot find suitable handler"),
+    ({"messages": USER, "temperature": "hot"}, "temperature", None),  # meant as chat: chat's own 400
+    ({"prompt": "x", "max_tokens": -1}, "max_tokens", None),
+    ({"prompt": "x", "n": "two"}, "n", None),
+])
+def test_invocations_of_a_body_it_cannot_route_get_a_400(http, body, param, message):
+    err = error_of(http.post("/invocations", json=body))
+    assert err["param"] == param and (message is None or err["message"].startswith(message)), err
+    err = error_of(http.post("/invocations", content=b'{"prompt": ', headers={"content-type": "application/json"}))
+    assert "not valid JSON" in err["message"]

@@ -21,8 +21,9 @@ class ServerConfig:
                                 "proxy, with --data-parallel-size, listens on --host/--port)")
     served_model_name: str | None = arg(None, "the model name clients use (default: MODEL as given)")
     api_key: list[str] = field(default_factory=list, metadata={
-        "help": "require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (repeat for several "
-                "keys; MINIVLLM_API_KEY adds comma-separated ones); /health and /metrics stay open"})
+        "help": "require 'Authorization: Bearer KEY' on /v1/*, /invocations, /tokenize and /detokenize (repeat for "
+                "several keys; MINIVLLM_API_KEY adds comma-separated ones); /health, /ping, /load and /metrics stay "
+                "open"})
     max_num_waiting: int = arg(1024, "sequences that may wait for the engine (queued, not yet generating); "
                                      "a request beyond them gets 429 with Retry-After")
     max_n: int = arg(128, "largest n (and best_of) of one request")

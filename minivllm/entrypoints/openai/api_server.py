@@ -4,7 +4,8 @@ same app on its client of the engine replicas.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``,
-``GET /tokenizer_info``; vLLM's ``GET /load``. Every error is
+``GET /tokenizer_info``; vLLM's ``POST /v1/chat/completions/batch``, ``GET /load``, and SageMaker's
+``POST /invocations`` and ``GET|POST /ping``. Every error is
 answered in OpenAI's ``{"error": {...}}`` shape: 400 for bad input (pydantic's included), 401 without a
 valid API key, 413 for a body over the cap, 429 when too many sequences wait, 503 while the engine
 loads or after it failed (the server then exits non-zero, for a supervisor to restart it).
@@ -36,9 +37,10 @@ from minivllm.entrypoints.openai.guards import RequestGuard, RequestIdHeader, gu
 from minivllm.entrypoints.openai.inputs import RequestLimits
 from minivllm.entrypoints.openai.load import LoadCounter, OrcaLoadHeader, ServerLoad
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
-from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body
+from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body, parse_first
 from minivllm.entrypoints.openai.serving import OpenAIServing
 from minivllm.entrypoints.openai.serving_base import ChatParsers, UsageOptions
+from minivllm.entrypoints.openai.serving_batch import BatchChatServing
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
 
 logger = logging.getLogger("minivllm.server")
@@ -72,6 +74,7 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     serving = OpenAIServing(async_llm, served_model_name, limits, ChatParsers(
         config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser),
         UsageOptions(config.enable_force_include_usage, config.enable_prompt_tokens_details))
+    batch = BatchChatServing(serving)
     in_flight = LoadCounter()
     created = int(time.time())
 
@@ -171,6 +174,25 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
         async_llm.check_usable()
         return tokenizer_info_of(async_llm.tokenizer, async_llm.model_info().max_model_len)
 
+    @app.post("/v1/chat/completions/batch", openapi_extra=body_schema(P.BatchChatCompletionRequest))
+    async def chat_completions_batch(raw: Request):
+        return await batch.chat_batch(await parse_body(raw, P.BatchChatCompletionRequest), raw)
+
+    @app.post("/invocations", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"anyOf": [{"$ref": f"#/components/schemas/{m.__name__}"}
+                             for m in (P.ChatCompletionRequest, P.CompletionRequest)]}}}}})
+    async def invocations(raw: Request):
+        """SageMaker's route: a chat completion's body goes to chat, a completion's to completions (in that order,
+        as vLLM)."""
+        body = await parse_first(raw, (P.ChatCompletionRequest, P.CompletionRequest))
+        if isinstance(body, P.ChatCompletionRequest):
+            return await serving.chat(body, raw)
+        return await serving.completions(body, raw)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():  # SageMaker's health check
+        return await health()
+
     @app.get("/load")
     async def load():
         return {"server_load": in_flight.value}
@@ -179,7 +201,8 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             app.openapi_schema = add_schemas(doc, [P.CompletionRequest, P.ChatCompletionRequest,
-                                                   P.TokenizeRequest, P.DetokenizeRequest])
+                                                   P.TokenizeRequest, P.DetokenizeRequest,
+                                                   P.BatchChatCompletionRequest])
         return app.openapi_schema
 
     app.openapi = openapi

@@ -21,8 +21,17 @@ def clamp(logprob: float) -> float:
     return max(logprob, -9999.0)  # -inf is not JSON
 
 
-def json_response(obj) -> Response:
-    return Response(obj.model_dump_json(), media_type="application/json")
+class ModelResponse(Response):
+    """A JSON response that keeps the response model it was made of (``payload``), for a caller that puts several
+    together (``/v1/chat/completions/batch``)."""
+
+    def __init__(self, payload):
+        super().__init__(payload.model_dump_json(), media_type="application/json")
+        self.payload = payload
+
+
+def json_response(obj) -> ModelResponse:
+    return ModelResponse(obj)
 
 
 @dataclass(frozen=True)
