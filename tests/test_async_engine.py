@@ -288,6 +288,42 @@ def test_shutdown_aborts_requests_in_flight():
     assert engine.closed and not engine.reqs
 
 
+def test_a_request_cancelled_before_the_engine_adds_it_is_never_added():
+    """A caller cancelled while its request waits in the loop's queue (its client left, or another conversation of
+    its batch failed): the loop skips it and goes on (it used to die setting the cancelled future's result)."""
+    inside, gate, added = threading.Event(), threading.Event(), []
+
+    class SlowAdd(FakeEngine):
+        def add_request(self, prompt, params, request_id=None, **kw):
+            if request_id == "first":
+                inside.set()
+                gate.wait(10)
+            added.append(request_id)
+            super().add_request(prompt, params, request_id, **kw)
+
+    engine = SlowAdd()
+
+    async def main():
+        llm = await started(engine)
+        first = asyncio.ensure_future(llm.add_request("hi", SamplingParams(max_tokens=2), "first"))
+        await asyncio.to_thread(inside.wait, 10)  # the loop is inside first's add
+        second = asyncio.ensure_future(llm.add_request("hi", SamplingParams(max_tokens=2), "second"))
+        await asyncio.sleep(0)  # second is queued behind it
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        gate.set()
+        outs = [o async for o in await first]
+        third = [o async for o in llm.generate("yo", SamplingParams(max_tokens=2), request_id="third")]
+        error = llm.error
+        await llm.shutdown()
+        return outs, third, error
+
+    outs, third, error = run(main())
+    assert error is None and outs[-1].finished and third[-1].finished
+    assert added == ["first", "third"]
+
+
 def test_app_on_fake_engine_answers_503_while_loading_and_after_failure():
     from fastapi.testclient import TestClient
 
@@ -306,8 +342,7 @@ def test_app_on_fake_engine_answers_503_while_loading_and_after_failure():
             time.sleep(0.01)
         ok = client.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 1}).json()
         assert ok["choices"][0]["text"] == "a" and ok["usage"] == {"prompt_tokens": 2, "completion_tokens": 1,
-                                                                   "total_tokens": 3,
-                                                                   "prompt_tokens_details": {"cached_tokens": 0}}
+                                                                   "total_tokens": 3, "prompt_tokens_details": None}
         r = client.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 5, "stream": True})
         events = [e for e in r.text.split("\n\n") if e]
         assert r.status_code == 200 and events[-1] == "data: [DONE]"

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from ray.exceptions import ActorDiedError, RayTaskError  # noqa: E402
 
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger  # noqa: E402
-from minivllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
+from minivllm.outputs import CompletionOutput, RequestOutput, StepStats  # noqa: E402
 from minivllm.sampling_params import SamplingParams  # noqa: E402
-from minivllm.scale_out.serve.metrics import MetricsBoard, merge_replica_metrics  # noqa: E402
+from minivllm.scale_out.serve.metrics import MetricsBoard, merge_replica_metrics, replicas_load  # noqa: E402
 from minivllm.scale_out.serve.prefix_index import PrefixIndex, block_hashes  # noqa: E402
 from minivllm.scale_out.serve.replica import ReplicaRequest  # noqa: E402
 from minivllm.scale_out.serve.replica_stream import ReplicaDiedError  # noqa: E402
@@ -97,6 +97,16 @@ def test_merged_metrics_label_every_sample_with_its_replica():
               if s.name.endswith("_count")}
     assert counts == {"ra": 0.0, "rb": 1.0}
     assert text.count("# TYPE vllm:prompt_tokens_total counter") == 1  # one family, both replicas' samples
+
+
+def test_the_orca_load_of_replicas_is_their_mean_kv_usage_and_all_their_waiting():
+    a, b = PrometheusStatLogger("m"), PrometheusStatLogger("m")
+    a.on_step([], StepStats(num_waiting=3, kv_blocks_used=1, kv_blocks_total=4), 0.0)
+    b.on_step([], StepStats(num_waiting=2, kv_blocks_used=3, kv_blocks_total=4), 0.0)
+    assert a.load_report() == {"kv_cache_usage_perc": 0.25, "num_requests_waiting": 3.0}  # one engine's
+    assert replicas_load({"ra": a.render(), "rb": b.render()}) == {"kv_cache_usage_perc": 0.5,
+                                                                   "num_requests_waiting": 5.0}
+    assert replicas_load({}) == {"kv_cache_usage_perc": 0.0, "num_requests_waiting": 0.0}
 
 
 def test_metrics_board_forgets_replicas_that_stop_posting():

@@ -57,13 +57,15 @@ def test_api_keys(server):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEYS[0]}"},
                     {"Authorization": f"Bearer {KEYS[0]}x"}):
         for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/tokenize"),
-                             ("POST", "/detokenize"), ("POST", "/v1/chat/completions")):
+                             ("POST", "/detokenize"), ("POST", "/v1/chat/completions"),
+                             ("POST", "/v1/chat/completions/batch"), ("POST", "/invocations")):
             r = httpx.request(method, url + path, headers=headers, json={"prompt": "x"}, timeout=10)
             _error(r, 401, None, "invalid_api_key")
             assert r.headers["www-authenticate"] == "Bearer"
     for key in (*KEYS, ENV_KEY):
         assert httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
     assert httpx.get(url + "/health").status_code == 200 and httpx.get(url + "/metrics").status_code == 200
+    assert httpx.get(url + "/ping").status_code == 200 and httpx.get(url + "/load").json() == {"server_load": 0}
     out = server.client.completions.create(model="tiny", prompt="def f(", max_tokens=3)
     assert len(out.choices[0].text) > 0
     with pytest.raises(openai.AuthenticationError):

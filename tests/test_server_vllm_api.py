@@ -1,6 +1,7 @@
 """vLLM's API extensions over HTTP, against a real server process: prompt logprobs (= transformers), echo with
-logprobs, logit_bias / allowed_token_ids / bad_words, token ids in and out, cached tokens, streaming usage, the
-chat extras, the routes, the metrics under vLLM's names, --root-path and --enable-request-id-headers."""
+logprobs, logit_bias / allowed_token_ids / bad_words, token ids in and out, cached tokens (with
+--enable-prompt-tokens-details), streaming usage, the chat extras, the routes, the metrics under vLLM's names,
+--root-path and --enable-request-id-headers."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from tests.helpers.server_utils import running_server
 pytestmark = pytest.mark.server
 NAME = "tiny"
 ARGS = ["--served-model-name", NAME, "--device", "cpu", "--max-model-len", "256", "--num-kvcache-blocks", "128",
-        "--dtype", "float32", "--enable-request-id-headers", "--root-path", "/api", "--trust-request-chat-template"]
+        "--dtype", "float32", "--enable-request-id-headers", "--root-path", "/api", "--trust-request-chat-template",
+        "--enable-prompt-tokens-details"]
 PROMPT = [5 + (7 * i) % 200 for i in range(40)]
 MSGS = [{"role": "user", "content": "def add(a, b):"}, {"role": "assistant", "content": "    return a"}]
 
@@ -148,11 +150,22 @@ def test_truncate_prompt_tokens_keeps_the_last_ones(server):
 
 
 def test_cached_tokens_come_from_the_prefix_cache(server):
+    """With --enable-prompt-tokens-details, as vLLM: the prefix-cache hits when there are any, null when none."""
     prompt = [300 + i for i in range(70)]
     first = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1})["usage"]
     second = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1})["usage"]
-    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert first["prompt_tokens_details"] is None
     assert second["prompt_tokens_details"] == {"cached_tokens": 64}  # four full blocks of 16
+    *chunks, last = sse_events(server, "/v1/completions", {"prompt": prompt, "max_tokens": 2,
+                                                           "stream_options": {"include_usage": True,
+                                                                              "continuous_usage_stats": True}})
+    assert last["usage"]["prompt_tokens_details"] == {"cached_tokens": 64}  # in the last usage only
+    assert all(e["usage"]["prompt_tokens_details"] is None for e in chunks)
+    chat = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "def add(a, b): " * 12}],
+                                                 "max_tokens": 1})
+    again = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "def add(a, b): " * 12}],
+                                                  "max_tokens": 1})
+    assert chat["usage"]["prompt_tokens_details"] is None and again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 # ------------------------------------------------------------------ streaming usage

@@ -18,10 +18,13 @@ class ServerConfig:
 
     host: str = arg("127.0.0.1", "address to listen on")
     port: int = arg(8000, "port to listen on")
+    uds: str | None = arg(None, "serve on this Unix domain socket instead of --host/--port (one engine: Ray Serve's "
+                                "proxy, with --data-parallel-size, listens on --host/--port)")
     served_model_name: str | None = arg(None, "the model name clients use (default: MODEL as given)")
     api_key: list[str] = field(default_factory=list, metadata={
-        "help": "require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (repeat for several "
-                "keys; MINIVLLM_API_KEY adds comma-separated ones); /health and /metrics stay open"})
+        "help": "require 'Authorization: Bearer KEY' on /v1/*, /invocations, /tokenize and /detokenize (repeat for "
+                "several keys; MINIVLLM_API_KEY adds comma-separated ones); /health, /ping, /load and /metrics stay "
+                "open"})
     max_num_waiting: int = arg(1024, "sequences that may wait for the engine (queued, not yet generating); "
                                      "a request beyond them gets 429 with Retry-After")
     max_n: int = arg(128, "largest n (and best_of) of one request")
@@ -48,6 +51,13 @@ class ServerConfig:
                                                   "otherwise (return_tokens_as_token_ids), as vLLM's flag")
     reasoning_parser: str | None = arg(None, "move the model's <think>...</think> into reasoning_content: qwen3",
                                        choices=("qwen3",))
+    enable_force_include_usage: bool = arg(False, "usage in every chunk of every stream, and a last chunk with "
+                                                  "it, whether or not the request asked (stream_options)")
+    enable_prompt_tokens_details: bool = arg(False, "report usage.prompt_tokens_details.cached_tokens, the prompt "
+                                                    "tokens read from the prefix cache, when there are any (without "
+                                                    "it, or with none, prompt_tokens_details is null, as in vLLM)")
+    enable_server_load_tracking: bool = arg(False, "count the completion and chat requests in flight, for GET "
+                                                   "/load ({\"server_load\": N}; 0 without it)")
     autoscale_max_replicas: int | None = arg(None, "with --data-parallel-size N: let Ray Serve add engine replicas, "
                                                    "up to this many, while their queues are long (and remove them "
                                                    "down to N when idle)")
@@ -78,5 +88,7 @@ class ServerConfig:
         at_least("autoscale_target_ongoing_requests", self.autoscale_target_ongoing_requests, 1)
         if self.autoscale_max_replicas is not None:
             at_least("autoscale_max_replicas", self.autoscale_max_replicas, 1)
+        if self.uds is not None and not self.uds:
+            raise ValueError("uds must be a socket path, got ''")
         if any(not isinstance(k, str) or not k for k in self.api_key):
             raise ValueError("api_key must be non-empty strings")

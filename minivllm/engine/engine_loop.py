@@ -152,6 +152,11 @@ class EngineLoop:
         """Run an ``AddRequest``; False if the engine refused it (its future holds why)."""
         with self._queued_lock:
             self._queued_seqs -= cmd.params.n
+        # a caller cancelled while its request waited here (its client left, or its batch failed) cancelled the
+        # future: the request is not added (the abort queued behind it finds nothing); otherwise the future can no
+        # longer be cancelled, so setting its result below cannot fail
+        if not cmd.future.set_running_or_notify_cancel():
+            return False
         try:
             # every online request reports each step (metrics, aborts), streamed or not
             self.engine.add_request(cmd.prompt, cmd.params, request_id=cmd.request_id, stream=True,

@@ -4,7 +4,8 @@ same app on its client of the engine replicas.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``,
-``GET /tokenizer_info``. Every error is
+``GET /tokenizer_info``; vLLM's ``POST /v1/chat/completions/batch``, ``GET /load``, and SageMaker's
+``POST /invocations`` and ``GET|POST /ping``. Every error is
 answered in OpenAI's ``{"error": {...}}`` shape: 400 for bad input (pydantic's included), 401 without a
 valid API key, 413 for a body over the cap, 429 when too many sequences wait, 503 while the engine
 loads or after it failed (the server then exits non-zero, for a supervisor to restart it).
@@ -35,10 +36,12 @@ from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai.errors import APIError, error_json
 from minivllm.entrypoints.openai.guards import RequestGuard, RequestIdHeader, guarded_h11
 from minivllm.entrypoints.openai.inputs import RequestLimits
+from minivllm.entrypoints.openai.load import LoadCounter, OrcaLoadHeader, ServerLoad
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
-from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body
+from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body, parse_first
 from minivllm.entrypoints.openai.serving import OpenAIServing
-from minivllm.entrypoints.openai.serving_base import ChatParsers
+from minivllm.entrypoints.openai.serving_base import ChatParsers, UsageOptions
+from minivllm.entrypoints.openai.serving_batch import BatchChatServing
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
 
 logger = logging.getLogger("minivllm.server")
@@ -58,10 +61,12 @@ def _validation_error(exc: RequestValidationError):
 
 
 def build_app(async_llm: EngineClient, served_model_name: str, config: ServerConfig | None = None,
-              metrics: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:
+              metrics: Callable[[], Awaitable[bytes]] | None = None,
+              load_report: Callable[[], Awaitable[dict[str, float]]] | None = None) -> FastAPI:
     """The FastAPI app (``RequestGuard`` in front of its routes); its lifespan starts the engine and shuts it
-    down. ``metrics`` renders ``/metrics`` (default: this engine's). ``app.state.loop`` is the event loop the app
-    runs on (set by the lifespan), for a signal handler to begin the engine's shutdown there."""
+    down. ``metrics`` renders ``/metrics`` and ``load_report`` gives the ORCA load report (default: this engine's).
+    ``app.state.loop`` is the event loop the app runs on (set by the lifespan), for a signal handler to begin the
+    engine's shutdown there."""
     config = config or ServerConfig()
     stats = PrometheusStatLogger(served_model_name)
     async_llm.add_stat_logger(stats)
@@ -69,7 +74,10 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
                            config.trust_request_chat_template)
     serving = OpenAIServing(async_llm, served_model_name, limits, ChatParsers(
         config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser),
+        UsageOptions(config.enable_force_include_usage, config.enable_prompt_tokens_details),
         tokens_as_ids=config.return_tokens_as_token_ids)
+    batch = BatchChatServing(serving)
+    in_flight = LoadCounter()
     created = int(time.time())
 
     @asynccontextmanager
@@ -174,14 +182,45 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
         async_llm.check_usable()
         return tokenizer_info_of(async_llm.tokenizer, async_llm.model_info().max_model_len)
 
+    @app.post("/v1/chat/completions/batch", openapi_extra=body_schema(P.BatchChatCompletionRequest))
+    async def chat_completions_batch(raw: Request):
+        return await batch.chat_batch(await parse_body(raw, P.BatchChatCompletionRequest), raw)
+
+    @app.post("/invocations", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"anyOf": [{"$ref": f"#/components/schemas/{m.__name__}"}
+                             for m in (P.ChatCompletionRequest, P.CompletionRequest)]}}}}})
+    async def invocations(raw: Request):
+        """SageMaker's route: a chat completion's body goes to chat, a completion's to completions (in that order,
+        as vLLM)."""
+        body = await parse_first(raw, (P.ChatCompletionRequest, P.CompletionRequest))
+        if isinstance(body, P.ChatCompletionRequest):
+            return await serving.chat(body, raw)
+        return await serving.completions(body, raw)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():  # SageMaker's health check
+        return await health()
+
+    @app.get("/load")
+    async def load():
+        return {"server_load": in_flight.value}
+
     def openapi() -> dict:
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             app.openapi_schema = add_schemas(doc, [P.CompletionRequest, P.ChatCompletionRequest,
-                                                   P.TokenizeRequest, P.DetokenizeRequest])
+                                                   P.TokenizeRequest, P.DetokenizeRequest,
+                                                   P.BatchChatCompletionRequest])
         return app.openapi_schema
 
     app.openapi = openapi
+
+    async def engine_load() -> dict[str, float]:
+        return stats.load_report()
+
+    app.add_middleware(OrcaLoadHeader, report=load_report or engine_load)
+    if config.enable_server_load_tracking:
+        app.add_middleware(ServerLoad, counter=in_flight)
     if config.enable_request_id_headers:
         app.add_middleware(RequestIdHeader)
     app.add_middleware(RequestGuard, api_keys=list(config.api_key) + list(_env_api_keys()),
@@ -232,7 +271,7 @@ def run_server(model: str, engine_kwargs: dict, config: ServerConfig) -> int:
             if loop is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(async_llm.begin_shutdown)
 
-    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, uds=config.uds, log_level=config.log_level,
                                root_path=config.root_path or "",
                                timeout_graceful_shutdown=10, access_log=config.log_level == "debug",
                                http=guarded_h11(config.request_timeout_s), timeout_keep_alive=config.timeout_keep_alive)

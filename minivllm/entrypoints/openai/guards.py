@@ -18,7 +18,7 @@ import h11
 from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-PROTECTED = ("/v1/", "/tokenize", "/detokenize")
+PROTECTED = ("/v1/", "/invocations", "/tokenize", "/detokenize")
 
 
 def _error_body(message: str, type: str, code: str | None) -> bytes:

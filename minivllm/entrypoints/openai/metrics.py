@@ -22,6 +22,10 @@ from minivllm.outputs import RequestOutput, StepStats
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                    10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
+#: vLLM's finish reasons: each ``vllm:request_success`` series exists from the start, at 0 (a dashboard's
+#: ``rate()`` of aborts reads 0, not "no data"); this engine ends requests with the first three
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 #: attribute -> (name, help), each labelled by model name: vLLM's names where vLLM has the metric (dashboards and
 #: autoscalers built for vLLM read them unchanged), ``minivllm_`` for the ones of our own
 _LOAD_GAUGES = {
@@ -62,6 +66,19 @@ class PrometheusStatLogger:
 
         self._success = Counter("vllm:request_success", "Requests that ended, by finish reason.",
                                 names + ["finished_reason"], registry=r)
+        for reason in FINISH_REASONS:
+            self._success.labels(model_name, reason)
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total", "Tokens per engine step that produced outputs: the prompts of the requests "
+            "that got their first token in it, and the tokens it generated (vLLM's count).", ITERATION_TOKEN_BUCKETS)
+        # vLLM's reasons: "capacity" (waiting for room in the batch or the KV cache) and "deferred" (held by a
+        # transient constraint); this scheduler holds none, so every waiting sequence waits for capacity
+        waiting = Gauge("vllm:num_requests_waiting_by_reason", "Sequences waiting to be scheduled, by reason "
+                        "(capacity, deferred); they add up to vllm:num_requests_waiting.", names + ["reason"],
+                        registry=r)
+        self.waiting_capacity = waiting.labels(model_name, "capacity")
+        waiting.labels(model_name, "deferred")  # stays 0
+        self._load: dict[str, float] = {"kv_cache_usage_perc": 0.0, "num_requests_waiting": 0.0}
         self._model = model_name
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first generated token.")
         self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens of one completion.")
@@ -84,7 +101,10 @@ class PrometheusStatLogger:
         """Record one engine step: gauges from ``stats``, counters and latencies from ``outputs``."""
         self.num_running.set(stats.num_running)
         self.num_waiting.set(stats.num_waiting)
+        self.waiting_capacity.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
+        self._load = {"kv_cache_usage_perc": float(stats.kv_cache_usage),
+                      "num_requests_waiting": float(stats.num_waiting)}
         self.kv_blocks_used.set(stats.kv_blocks_used)
         self.kv_blocks_total.set(stats.kv_blocks_total)
         if stats.num_preempted:
@@ -100,19 +120,22 @@ class PrometheusStatLogger:
             self.step_time.observe(stats.step_time)
             self._peak = max(self._peak, stats.num_scheduled_seqs)
             self.max_running.set(self._peak)
-        for out in outputs:
-            self._on_output(out, now)
+        if outputs:
+            self.iteration_tokens.observe(sum(self._on_output(out, now) for out in outputs))
 
-    def _on_output(self, out: RequestOutput, now: float) -> None:
-        rid = out.request_id
+    def _on_output(self, out: RequestOutput, now: float) -> int:
+        """Record one request's output; returns its tokens for ``vllm:iteration_tokens_total``."""
+        rid, tokens = out.request_id, 0
         if rid not in self._started:
             self._started.add(rid)
+            tokens += len(out.prompt_token_ids)
             self.prompt_tokens.inc(len(out.prompt_token_ids))
             first = out.first_token_time if out.first_token_time is not None else now
             self.ttft.observe(max(0.0, first - out.arrival_time))
         for c in out.outputs:
             key = (rid, c.index)
             if c.delta_token_ids:
+                tokens += len(c.delta_token_ids)
                 self.generation_tokens.inc(len(c.delta_token_ids))
                 last = self._last_token.get(key)
                 if last is not None:
@@ -125,6 +148,7 @@ class PrometheusStatLogger:
             end = out.finished_time if out.finished_time is not None else now
             self.e2e.observe(max(0.0, end - out.arrival_time))
             self._success.labels(self._model, out.outputs[0].finish_reason or "abort").inc()
+        return tokens
 
     def on_abort(self, request_id: str, now: float) -> None:
         """Count an aborted request and forget its timing state."""
@@ -132,6 +156,11 @@ class PrometheusStatLogger:
         for key in [k for k in self._last_token if k[0] == request_id]:
             del self._last_token[key]
         self._success.labels(self._model, "abort").inc()
+
+    def load_report(self) -> dict[str, float]:
+        """The ORCA load report's named metrics (vLLM's: KV cache usage and waiting requests) after the latest
+        step, for the ``endpoint-load-metrics`` response header."""
+        return dict(self._load)
 
     def render(self) -> bytes:
         """The metrics in the Prometheus text format."""

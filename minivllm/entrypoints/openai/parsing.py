@@ -95,6 +95,32 @@ async def parse_body(raw: Request, model: type[M]) -> M:
     return _parse(body, model)
 
 
+def _parse_first(body: bytes, models: tuple[type[pydantic.BaseModel], ...]) -> pydantic.BaseModel:
+    data = _loads(body)
+    if b"\\ud" in body or b"\\uD" in body:
+        check_text(data)
+    errors = {}
+    for model in models:
+        try:
+            return model.model_validate(data)
+        except pydantic.ValidationError as exc:
+            errors[model] = exc
+    # a body with all of a model's required fields was meant as that model: its own 400 names the bad field
+    for model, exc in errors.items():
+        if isinstance(data, dict) and all(n in data for n, f in model.model_fields.items() if f.is_required()):
+            raise RequestValidationError(exc.errors(include_url=False)) from None
+    raise APIError(400, f"Cannot find suitable handler for request. Expected one of: {[m.__name__ for m in models]}")
+
+
+async def parse_first(raw: Request, models: tuple[type[pydantic.BaseModel], ...]) -> pydantic.BaseModel:
+    """The request's body as the first of ``models`` that it validates as (SageMaker's ``/invocations``, as in
+    vLLM); a 400 in OpenAI's shape when it is none of them."""
+    body = await raw.body()
+    if len(body) > THREAD_PARSE_BYTES:
+        return await asyncio.to_thread(_parse_first, body, models)
+    return _parse_first(body, models)
+
+
 def body_schema(model: type[pydantic.BaseModel]) -> dict:
     """``openapi_extra`` of a route whose body is ``model`` but parsed by :func:`parse_body`."""
     return {"requestBody": {"required": True, "content": {"application/json": {

@@ -245,6 +245,19 @@ class ChatCompletionRequest(SamplingRequest):
         return args
 
 
+class BatchChatCompletionRequest(ChatCompletionRequest):
+    """``POST /v1/chat/completions/batch`` (vLLM's): a chat completion's fields, with ``messages`` a list of
+    conversations; the response has one choice per conversation, in their order. Not streamed, one completion per
+    conversation, no tools (the handler refuses them, naming the field)."""
+
+    messages: list[list[ChatMessage]] = Field(min_length=1)
+
+    def conversation(self, i: int) -> ChatCompletionRequest:
+        """The chat completion request of conversation ``i`` (the fields are validated already)."""
+        fields = {name: getattr(self, name) for name in ChatCompletionRequest.model_fields}
+        return ChatCompletionRequest.model_construct(**{**fields, "messages": self.messages[i]})
+
+
 class TokenizeRequest(BaseModel):
     """``POST /tokenize``: either ``prompt`` or chat ``messages`` (vLLM's shape)."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field, model_serializer
+from pydantic import BaseModel, Field, PrivateAttr, model_serializer
 
 
 class PromptTokensDetails(BaseModel):
@@ -23,6 +23,20 @@ class UsageInfo(BaseModel):
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    _report_cached: bool = PrivateAttr(False)  # the server reports prefix-cache hits (--enable-prompt-tokens-details)
+
+    @classmethod
+    def of(cls, prompt_tokens: int, report_cached: bool = False) -> UsageInfo:
+        """The usage of a response that has not generated yet; ``report_cached``: see :meth:`set_cached_tokens`."""
+        usage = cls(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)
+        usage._report_cached = report_cached
+        return usage
+
+    def set_cached_tokens(self, cached_tokens: int) -> None:
+        """``prompt_tokens_details.cached_tokens``: only where the server reports them and there are some; null
+        otherwise, as vLLM."""
+        report = self._report_cached and cached_tokens > 0
+        self.prompt_tokens_details = PromptTokensDetails(cached_tokens=cached_tokens) if report else None
 
 
 class PromptLogprob(BaseModel):

@@ -30,21 +30,38 @@ def first(k: int) -> int | None:
     return None if k == -1 else k
 
 
-def json_response(obj) -> Response:
-    return Response(obj.model_dump_json(), media_type="application/json")
+class ModelResponse(Response):
+    """A JSON response that keeps the response model it was made of (``payload``), for a caller that puts several
+    together (``/v1/chat/completions/batch``)."""
+
+    def __init__(self, payload):
+        super().__init__(payload.model_dump_json(), media_type="application/json")
+        self.payload = payload
 
 
-def new_usage(prompt_tokens: int = 0) -> R.UsageInfo:
-    return R.UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens,
-                       prompt_tokens_details=R.PromptTokensDetails())
+def json_response(obj) -> ModelResponse:
+    return ModelResponse(obj)
 
 
-def final_usage(finals: list[RequestOutput]) -> R.UsageInfo:
+@dataclass(frozen=True)
+class UsageOptions:
+    """How responses report usage (``ServerConfig``, vLLM's flags): ``force_include_usage`` puts it in every chunk
+    of every stream and in a last chunk, asked or not; ``prompt_tokens_details`` reports the prefix-cache hits."""
+
+    force_include_usage: bool = False
+    prompt_tokens_details: bool = False
+
+
+def new_usage(prompt_tokens: int = 0, options: UsageOptions = UsageOptions()) -> R.UsageInfo:
+    return R.UsageInfo.of(prompt_tokens, report_cached=options.prompt_tokens_details)
+
+
+def final_usage(finals: list[RequestOutput], options: UsageOptions = UsageOptions()) -> R.UsageInfo:
     """The usage of finished requests: their prompts, every completion's tokens, the prefix-cache hits."""
-    usage = new_usage(sum(len(out.prompt_token_ids) for out in finals))
+    usage = new_usage(sum(len(out.prompt_token_ids) for out in finals), options)
     usage.completion_tokens = sum(len(c.token_ids) for out in finals for c in out.outputs)
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
-    usage.prompt_tokens_details.cached_tokens = sum(out.num_cached_tokens for out in finals)
+    usage.set_cached_tokens(sum(out.num_cached_tokens for out in finals))
     return usage
 
 
@@ -61,9 +78,11 @@ class ServingBase:
     """Serves requests on an engine client (once its engine is ready) under one model name."""
 
     def __init__(self, llm: EngineClient, model_name: str, limits: RequestLimits = RequestLimits(),
-                 parsers: ChatParsers = ChatParsers(), tokens_as_ids: bool = False):
+                 parsers: ChatParsers = ChatParsers(), usage_options: UsageOptions = UsageOptions(),
+                 tokens_as_ids: bool = False):
         """``tokens_as_ids``: the server's default of ``return_tokens_as_token_ids``."""
         self.llm, self.model_name, self.limits, self.parsers = llm, model_name, limits, parsers
+        self.usage_options = usage_options
         self.tokens_as_ids = tokens_as_ids
         self._tokenization: Tokenization | None = None
 
@@ -207,9 +226,10 @@ class ServingBase:
                     lp.items() if chosen else sorted(lp.items(), key=lambda kv: -kv[1])[:first(k)])])
             for tid, lp in zip(ids, lps)])
 
-    @staticmethod
-    def check_request(req: P.SamplingRequest) -> None:
-        """400s that no SamplingParams check catches (vLLM's words where it has them)."""
+    def check_request(self, req: P.SamplingRequest) -> None:
+        """400s that no SamplingParams check catches (vLLM's words where it has them); then, with
+        ``--enable-force-include-usage``, a stream reports its usage whatever it asked (in every chunk and in a last
+        one, as vLLM)."""
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
         if req.logprob_token_ids is not None:
@@ -221,3 +241,5 @@ class ServingBase:
             if isinstance(req, P.CompletionRequest) and req.logprobs is None:
                 raise APIError(400, "when using `logprob_token_ids`, `logprobs` must be set.",
                                param="logprob_token_ids")
+        if self.usage_options.force_include_usage and req.stream:
+            req.stream_options = P.StreamOptions(include_usage=True, continuous_usage_stats=True)

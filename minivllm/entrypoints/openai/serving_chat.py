@@ -84,14 +84,14 @@ class ChatServing(ServingBase):
                 finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)), stop_reason=c.stop_reason,
                 token_ids=list(c.token_ids) if with_ids else None))
         return json_response(R.ChatCompletionResponse(
-            id=rid, model=self.model_name, choices=choices, usage=final_usage([out]),
+            id=rid, model=self.model_name, choices=choices, usage=final_usage([out], self.usage_options),
             prompt_logprobs=self.prompt_logprobs(out) if params.prompt_logprobs is not None else None,
             prompt_token_ids=list(out.prompt_token_ids) if with_ids else None))
 
     async def _chat_stream(self, req, rid, streams, ids, k, echo, reader) -> AsyncIterator[str]:
         sent: dict[int, int] = {}
         streamers = [reader.streamer() for _ in range(req.n)]
-        usage = new_usage(len(ids))
+        usage = new_usage(len(ids), self.usage_options)
 
         def chunk(choice, **extra):
             return sse(R.ChatCompletionChunk(id=rid, model=self.model_name, choices=[choice],

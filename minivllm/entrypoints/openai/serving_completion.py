@@ -67,7 +67,7 @@ class CompletionServing(ServingBase):
                     prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
                     token_ids=list(c.token_ids) if req.return_token_ids else None))
         return json_response(R.CompletionResponse(id=rid, model=self.model_name, choices=choices,
-                                                  usage=final_usage(finals)))
+                                                  usage=final_usage(finals, self.usage_options)))
 
     async def _echo(self, req: P.CompletionRequest, prompt: str | list[int], ids: list[int]) -> str:
         """What ``echo`` repeats of a prompt, as vLLM: a text as sent; token ids (or a cut text) decoded with their
@@ -88,7 +88,7 @@ class CompletionServing(ServingBase):
     async def _completion_stream(self, req, rid, streams, ids, echo) -> AsyncIterator[str]:
         n, as_id = req.n, self.as_ids(req)
         sent: dict[int, int] = {}  # choice index -> completion characters streamed so far
-        usage = new_usage(sum(len(p) for p in ids))
+        usage = new_usage(sum(len(p) for p in ids), self.usage_options)
 
         def chunk(choice):
             return sse(R.CompletionResponse(id=rid, model=self.model_name, choices=[choice],

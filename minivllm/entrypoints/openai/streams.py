@@ -88,14 +88,16 @@ async def collect(streams: list[OutputStream], raw: Request) -> list[RequestOutp
 
 async def stream_outputs(streams: list[OutputStream], usage: R.UsageInfo):
     """Yield ``(prompt_index, output, completion)`` for each completion still running, tallying the completion
-    tokens and the prefix-cache hits into ``usage`` (whose ``prompt_tokens`` the caller sets)."""
+    tokens into ``usage`` (whose ``prompt_tokens`` the caller sets), and once all ended the prefix-cache hits (in
+    the last usage alone, as vLLM)."""
     done: set[tuple[int, int]] = set()
     seen: set[int] = set()
+    cached = 0
     try:
         async for i, out in merge(streams):
             if i not in seen:
                 seen.add(i)
-                usage.prompt_tokens_details.cached_tokens += out.num_cached_tokens
+                cached += out.num_cached_tokens
             for c in out.outputs:
                 if (i, c.index) in done:
                     continue
@@ -104,6 +106,7 @@ async def stream_outputs(streams: list[OutputStream], usage: R.UsageInfo):
                 if c.finished:
                     done.add((i, c.index))
                 yield i, out, c
+        usage.set_cached_tokens(cached)
     finally:
         for s in streams:
             s.abort()

@@ -30,6 +30,9 @@ APP_NAME = "minivllm"
 
 def build_serve_app(model: str, engine_kwargs: dict, server: ServerConfig):
     """The Serve application of ``engine_kwargs['data_parallel_size']`` replicas (validated here, before Ray)."""
+    if server.uds is not None:
+        raise ValueError("uds: with --data-parallel-size the replicas are served by Ray Serve's HTTP proxy, which "
+                         "listens on --host/--port; --uds serves one engine")
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 

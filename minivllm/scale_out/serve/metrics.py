@@ -32,6 +32,20 @@ def merge_replica_metrics(texts: dict[str, bytes]) -> bytes:
     return generate_latest(registry)
 
 
+def replicas_load(texts: dict[str, bytes]) -> dict[str, float]:
+    """The ORCA load report (``endpoint-load-metrics``) of several replicas' metrics: their mean KV cache usage
+    and their waiting sequences in all."""
+    usage, waiting = [], 0.0
+    for text in texts.values():
+        for family in text_string_to_metric_families(text.decode()):
+            for s in family.samples:
+                if s.name == "vllm:kv_cache_usage_perc":
+                    usage.append(s.value)
+                elif s.name == "vllm:num_requests_waiting":
+                    waiting += s.value
+    return {"kv_cache_usage_perc": sum(usage) / len(usage) if usage else 0.0, "num_requests_waiting": waiting}
+
+
 class MetricsBoard:
     """The replicas' latest metrics (a Serve deployment of one replica): ``post`` from replicas, ``collect`` for
     the front."""
