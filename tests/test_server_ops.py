@@ -355,9 +355,10 @@ def test_invocations_routes_chat_and_completion_bodies(http):
 
 
 @pytest.mark.parametrize("body, param, message", [
-    ({"model": NAME}, None, "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', "
-                            "'CompletionRequest']"),
-    ([1, 2], None, "Cannot find suitable handler"),
+    # a body with no messages is a completion request (its prompt is optional there, for prompt_embeds, as vLLM)
+    ({"model": NAME}, "prompt", "Either prompt or prompt_embeds must be provided and non-empty."),
+    ([1, 2], None, "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', "
+                   "'CompletionRequest']"),
     ({"messages": USER, "temperature": "hot"}, "temperature", None),  # meant as chat: chat's own 400
     ({"prompt": "x", "max_tokens": -1}, "max_tokens", None),
     ({"prompt": "x", "n": "two"}, "n", None),
