@@ -56,7 +56,8 @@ def _validation_error(exc: RequestValidationError):
     def where(e) -> str:
         return ".".join(str(x) for x in e.get("loc", ()) if x != "body")
 
-    msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')}" for e in errors[:5])
+    # pydantic's error type in brackets, as in vLLM's message (clients match on it: ``greater_than_equal``)
+    msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')} [type={e.get('type')}]" for e in errors[:5])
     return error_json(APIError(400, msg or "invalid request", param=(where(errors[0]) or None) if errors else None))
 
 
