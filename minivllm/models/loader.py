@@ -30,6 +30,7 @@ def load_weights(model: nn.Module, path: str) -> None:
     packed = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    expert_parts: dict[str, set[tuple]] = {}  # stacked expert weights: the (expert, shard) pairs loaded
     for file in files:
         with safe_open(file, "pt", "cpu") as f:
             for name in f.keys():
@@ -51,7 +52,13 @@ def load_weights(model: nn.Module, path: str) -> None:
                 else:
                     loader(param, tensor, *shard_args)
                 loaded.add(target)
+                if len(shard_args) == 2:
+                    expert_parts.setdefault(target, set()).add(shard_args)
     missing = {n for n in params if n not in loaded}
+    for target, parts in expert_parts.items():  # every expert's gate and up (w13), or down (w2)
+        expected = params[target].shape[0] * (1 if target.endswith("w2_weight") else 2)
+        if len(parts) < expected:
+            missing.add(f"{target} ({len(parts)} of its {expected} expert projections)")
     if getattr(model, "tie_word_embeddings", False):
         missing.discard("lm_head.weight")
     if missing:
