@@ -247,3 +247,42 @@ def test_fp8_checkpoint_of_a_moe_model_is_a_clear_error():
     with pytest.raises(ValueError, match="FP8 checkpoints of mixture-of-experts models are not supported"):
         ModelConfig(path, arch_from_dict(cfg))
     assert ModelConfig(path, arch_from_dict(cfg), load_format="dummy").fp8.weight_block == (128, 128)
+
+
+@SLOW
+@pytest.mark.triton
+@pytest.mark.parametrize("arch", ["olmoe", "qwen3_moe"])
+def test_triton_attention_path_matches_torch_backend(moe_models, arch, monkeypatch):
+    """attention_backend='triton' (the interpreter on the CPU): OLMoE's whole-projection norms and clamp before
+    the fused RoPE + KV-store kernel, Qwen3-MoE's per-head norms inside it, and FusedMoE's Triton branch;
+    here the MoE kernels are stood in for by the torch path, which they must equal (their own tests check that)."""
+    import sys
+    import types
+
+    from minivllm.kernels import moe_torch
+
+    stub = types.ModuleType("minivllm.kernels.fused_moe")
+    stub.fused_moe_triton, stub.select_experts_triton = moe_torch.fused_moe, moe_torch.select_experts
+    monkeypatch.setitem(sys.modules, "minivllm.kernels.fused_moe", stub)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with LLM(moe_models[arch], device="cpu") as ref:
+        want = [o["token_ids"] for o in ref.generate(PROMPTS[:4], params, use_tqdm=False)]
+    with LLM(moe_models[arch], device="cpu", attention_backend="triton") as llm:
+        assert llm.engine.executor.runner.model.model.layers[0].mlp.experts.backend == "triton"
+        got = [o["token_ids"] for o in llm.generate(PROMPTS[:4], params, use_tqdm=False)]
+    assert got == want
+
+
+def test_moe_engine_config_errors():
+    """Experts that do not split evenly over the ranks, and the torch MoE path under CUDA graphs, are clear
+    errors naming the setting (raised before any GPU is looked for)."""
+    from minivllm.config import Config, DeviceConfig, ParallelConfig
+
+    arch = ArchConfig("Qwen3MoeForCausalLM", 100, 64, 96, 2, 6, 6, 16, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32)
+    with pytest.raises(ValueError, match=r"moe_intermediate_size \(32\) must be divisible by tensor_parallel_size"):
+        Config(ModelConfig("m", arch), parallel_config=ParallelConfig(tensor_parallel_size=3))
+    with pytest.raises(ValueError, match="enforce_eager=True"):
+        Config(ModelConfig("m", arch), device_config=DeviceConfig(device="cuda", attention_backend="torch"))
+    Config(ModelConfig("m", arch), device_config=DeviceConfig(device="cuda", attention_backend="torch",
+                                                              enforce_eager=True))
