@@ -126,6 +126,18 @@ def test_chunked_prefill_matches_transformers(moe_models, arch):
     check_against_hf(path, llm, ids, outputs)
 
 
+def test_async_scheduling_gives_the_same_tokens(moe_models):
+    """Asynchronous scheduling (the next step prepared before this one's tokens are on the host) on a MoE
+    model: the synchronous tokens."""
+    path = moe_models["mixtral"]
+    ids = [[(5 * i + 2 * j + 3) % 380 for j in range(4 + 9 * i)] for i in range(6)]
+    with LLM(path, device="cpu", async_scheduling=False) as llm:
+        want = [o["token_ids"] for o in llm.generate(ids, GREEDY, use_tqdm=False)]
+    with LLM(path, device="cpu", async_scheduling=True) as llm:
+        got = [o["token_ids"] for o in llm.generate(ids, GREEDY, use_tqdm=False)]
+    assert got == want
+
+
 # ------------------------------------------------------------------ tensor parallel (gloo)
 
 TP_PROMPTS = [[(7 * i + 3 * j + 1) % 380 for j in range(3 + 11 * i)] for i in range(10)]  # 3..102 tokens

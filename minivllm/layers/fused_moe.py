@@ -8,7 +8,7 @@ from torch import nn
 from minivllm.distributed.group import TPGroup, divide, rank_and_size
 from minivllm.kernels.moe_torch import fused_moe, select_experts
 
-#: checkpoint projection of an expert -> which part of the stacked weights it fills
+#: the parts of one expert that ``FusedMoE.weight_loader`` takes: gate and up fill ``w13_weight``, down ``w2_weight``
 EXPERT_SHARDS = ("gate", "up", "down")
 
 

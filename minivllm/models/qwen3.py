@@ -1,6 +1,7 @@
 """Qwen3 (and the Llama / Qwen2 family it generalises) over the paged-attention layers.
 
-Qwen3 = Llama + RMSNorm on each head's q and k before RoPE. Qwen2 = Llama + q/k/v bias.
+Qwen3 = Llama + RMSNorm on each head's q and k before RoPE. Qwen2 = Llama + q/k/v bias. The mixtures of experts
+(``moe.py``) are this decoder with a sparse block as some layers' MLP (``make_mlp``).
 """
 
 from __future__ import annotations
