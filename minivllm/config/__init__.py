@@ -60,6 +60,13 @@ class Config:
         if arch.num_attention_heads % tp:
             raise ValueError(f"num_attention_heads ({arch.num_attention_heads}) must be divisible by "
                              f"tensor_parallel_size ({tp})")
+        if arch.is_moe and arch.moe_intermediate_size % tp:
+            raise ValueError(f"moe_intermediate_size ({arch.moe_intermediate_size}) must be divisible by "
+                             f"tensor_parallel_size ({tp}): each rank holds a slice of every expert")
+        if arch.is_moe and dc.device != "cpu" and dc.attention_backend == "torch" and not dc.enforce_eager:
+            raise ValueError("a mixture-of-experts model with attention_backend='torch' on a GPU needs "
+                             "enforce_eager=True: the torch MoE path reads its experts' loads on the host, which "
+                             "a CUDA graph cannot capture")
         if dc.attention_backend == "triton" and dc.device == "cpu" and not self.envs.triton_interpret:
             raise ValueError("attention_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, "
                              "slow: for checking kernels); use attention_backend='torch'")

@@ -24,8 +24,9 @@ def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConf
     archs = cfg.get("architectures") or []
     if not archs:
         model_type = cfg.get("model_type", "")
-        archs = {"qwen3": ["Qwen3ForCausalLM"], "llama": ["LlamaForCausalLM"],
-                 "qwen2": ["Qwen2ForCausalLM"]}.get(model_type, [])
+        archs = {"qwen3": ["Qwen3ForCausalLM"], "llama": ["LlamaForCausalLM"], "qwen2": ["Qwen2ForCausalLM"],
+                 "qwen3_moe": ["Qwen3MoeForCausalLM"], "mixtral": ["MixtralForCausalLM"],
+                 "olmoe": ["OlmoeForCausalLM"]}.get(model_type, [])
     if not archs:
         raise ValueError("config.json names no architecture (no 'architectures' and unknown 'model_type')")
     rope_params = cfg.get("rope_parameters") or {}
@@ -62,7 +63,22 @@ def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConf
         eos_token_ids=eos,
         bos_token_id=cfg.get("bos_token_id"),
         quantization_config=cfg.get("quantization_config"),
+        **_moe_fields(cfg),
     )
+
+
+def _moe_fields(cfg: dict) -> dict:
+    """The mixture-of-experts fields: experts under ``num_experts`` (Qwen3-MoE as published, OLMoE) or
+    ``num_local_experts`` (Mixtral; Qwen3-MoE saved by transformers 5.x); each expert's size under
+    ``moe_intermediate_size`` (Qwen3-MoE) or ``intermediate_size`` (Mixtral, OLMoE). Nothing for a dense model."""
+    num_experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    if not num_experts:
+        return {}
+    return dict(num_experts=num_experts, num_experts_per_tok=cfg.get("num_experts_per_tok") or 0,
+                moe_intermediate_size=cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                mlp_only_layers=[int(i) for i in cfg.get("mlp_only_layers") or ()],
+                decoder_sparse_step=cfg.get("decoder_sparse_step") or 1, clip_qkv=cfg.get("clip_qkv"))
 
 
 def load_arch(path: str) -> ArchConfig:

@@ -33,6 +33,15 @@ class ArchConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     quantization_config: dict | None = None  # the checkpoint's, when its weights are quantized
+    # mixture of experts (0 experts: a dense model). Qwen3-MoE: layer i is sparse unless it is in
+    # ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step``; its dense layers keep ``intermediate_size``
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's (Mixtral, OLMoE: their ``intermediate_size``)
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to one
+    mlp_only_layers: list[int] = field(default_factory=list)
+    decoder_sparse_step: int = 1
+    clip_qkv: float | None = None  # OLMoE: q, k and v clamped to [-clip_qkv, clip_qkv]
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -43,8 +52,40 @@ class ArchConfig:
             raise ValueError(
                 f"model config: num_attention_heads ({self.num_attention_heads}) must be a multiple "
                 f"of num_key_value_heads ({self.num_key_value_heads})")
+        if self.num_experts:
+            self._check_moe()
         if self.dtype not in DTYPES:
             raise ValueError(f"model config: dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+    def _check_moe(self) -> None:
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"model config: num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
+                             f"got {self.num_experts_per_tok}")
+        for name in ("moe_intermediate_size", "decoder_sparse_step"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model config: {name} must be >= 1, got {getattr(self, name)}")
+        if self.clip_qkv is not None and self.clip_qkv <= 0:
+            raise ValueError(f"model config: clip_qkv must be > 0, got {self.clip_qkv}")
+
+    @property
+    def is_moe(self) -> bool:
+        """A mixture of experts (some layers route each token to ``num_experts_per_tok`` experts)."""
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` is sparse (Qwen3-MoE's rule; every layer of Mixtral and OLMoE)."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    def num_params(self) -> int:
+        """Parameters of the model, from its shapes (embedding, attention, MLPs, every expert, routers; norms
+        ignored)."""
+        attn = self.hidden_size * self.head_dim * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
+        dense = 3 * self.hidden_size * self.intermediate_size
+        sparse = self.num_experts * (3 * self.hidden_size * self.moe_intermediate_size + self.hidden_size)
+        mlps = sum(sparse if self.is_moe_layer(i) else dense for i in range(self.num_hidden_layers))
+        embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_hidden_layers * attn + mlps + embed
 
 
 @dataclass
@@ -70,6 +111,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_types(self)
         self.fp8 = fp8_config(self.arch.quantization_config, self.quantization)  # ValueError if unsupported
+        if self.fp8 is not None and self.fp8.from_checkpoint and self.arch.is_moe and self.load_format != "dummy":
+            raise ValueError("FP8 checkpoints of mixture-of-experts models are not supported yet (their experts are "
+                             "stored in FP8); load the bf16 checkpoint, with quantization='fp8' for FP8 attention "
+                             "and dense layers")
         if self.max_model_len is None:
             self.max_model_len = min(4096, self.arch.max_position_embeddings)
         at_least("max_model_len", self.max_model_len, 1)

@@ -67,3 +67,33 @@ class RMSNorm(nn.Module):
             return Fp8Activation(x8, scale, x.dtype)
         x8, scale, residual = fused_add_rms_norm_fp8(x, residual, self.weight, self.eps, group)
         return Fp8Activation(x8, scale, x.dtype), residual
+
+
+class ShardedRMSNorm(RMSNorm):
+    """RMSNorm over a whole projection's output whose columns are split across tensor-parallel ranks (OLMoE's
+    q_norm and k_norm, over all heads at once): this rank holds slice ``shard`` of ``num_shards`` equal ones.
+
+    The sum of squares is all-reduced over ``tp_group`` and divided by ``replicas`` (how many ranks hold each
+    slice: a KV head replicated over ranks), so every rank normalises by the whole row's mean square.
+    """
+
+    def __init__(self, full_size: int, eps: float, tp_group: TPGroup | None = None, num_shards: int = 1,
+                 shard: int = 0, replicas: int = 1):
+        super().__init__(full_size // num_shards, eps)
+        self.full_size, self.shard, self.replicas = full_size, shard, replicas
+        self.group = tp_group
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        size = param.shape[0]
+        param.data.copy_(loaded.narrow(0, self.shard * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, full_size / num_shards]
+        if self.group is None:
+            return self._norm(x)
+        dtype = x.dtype
+        x = x.float()
+        sum_sq = x.pow(2).sum(-1, keepdim=True)  # [n, 1]
+        self.group.all_reduce(sum_sq)
+        x = x * torch.rsqrt(sum_sq / (self.replicas * self.full_size) + self.eps)
+        return x.to(dtype) * self.weight

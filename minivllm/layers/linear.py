@@ -39,6 +39,7 @@ class LinearBase(nn.Module):
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         self.quant_method = None  # set once, before loading, by ``quantization.apply_quantization``
+        self.quantizable = True
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
@@ -69,10 +70,11 @@ class LinearBase(nn.Module):
 
 
 class ReplicatedLinear(LinearBase):
-    """The whole weight on every rank."""
+    """The whole weight on every rank. ``quantizable=False``: kept in the model's dtype under FP8 (a router)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, quantizable: bool = True):
         super().__init__(input_size, output_size, bias, tp_dim=None)
+        self.quantizable = quantizable
 
 
 class ColumnParallelLinear(LinearBase):

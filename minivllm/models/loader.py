@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import torch
 from safetensors import safe_open
@@ -29,6 +30,7 @@ def load_weights(model: nn.Module, path: str) -> None:
     packed = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    expert_parts: dict[str, set[tuple]] = {}  # stacked expert weights: the (expert, shard) pairs loaded
     for file in files:
         with safe_open(file, "pt", "cpu") as f:
             for name in f.keys():
@@ -39,11 +41,7 @@ def load_weights(model: nn.Module, path: str) -> None:
                 if (kv := _kv_scale_target(name)) is not None:  # a per-layer FP8 KV cache scale
                     model.get_submodule(kv[0]).load_kv_scale(kv[1], f.get_tensor(name))
                     continue
-                target, shard_id = name.replace(".weight_scale_inv", ".weight_scale"), None
-                for hf_name, (ours, sid) in packed.items():
-                    if f".{hf_name}." in name:
-                        target, shard_id = target.replace(hf_name, ours), sid
-                        break
+                target, shard_args = _target(model, name, packed)
                 param = params.get(target)
                 if param is None:
                     raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(model).__name__}")
@@ -51,16 +49,41 @@ def load_weights(model: nn.Module, path: str) -> None:
                 tensor = f.get_tensor(name)
                 if loader is None:
                     param.data.copy_(tensor)
-                elif shard_id is None:
-                    loader(param, tensor)
                 else:
-                    loader(param, tensor, shard_id)
+                    loader(param, tensor, *shard_args)
                 loaded.add(target)
+                if len(shard_args) == 2:
+                    expert_parts.setdefault(target, set()).add(shard_args)
     missing = {n for n in params if n not in loaded}
+    for target, parts in expert_parts.items():  # every expert's gate and up (w13), or down (w2)
+        expected = params[target].shape[0] * (1 if target.endswith("w2_weight") else 2)
+        if len(parts) < expected:
+            missing.add(f"{target} ({len(parts)} of its {expected} expert projections)")
     if getattr(model, "tie_word_embeddings", False):
         missing.discard("lm_head.weight")
     if missing:
         raise ValueError(f"checkpoint {path!r} lacks weights for: {', '.join(sorted(missing)[:8])}")
+
+
+_EXPERT_WEIGHT = re.compile(r"(.*\.experts)\.(\d+)\.([^.]+)\.weight")
+
+
+def _target(model: nn.Module, name: str, packed: dict) -> tuple[str, tuple]:
+    """Our parameter for checkpoint tensor ``name``, and the extra arguments of its ``weight_loader``: a fused
+    layer's shard id (q/k/v, gate/up), or an expert's ``(expert_id, shard)`` in a MoE layer's stacked weights
+    (the model's ``expert_params_mapping``: ``mlp.experts.3.up_proj.weight`` -> ``mlp.experts.w13_weight``,
+    ``(3, "up")``). The model's ``checkpoint_substr_mapping`` renames parts of the name first."""
+    for hf_part, ours in getattr(model, "checkpoint_substr_mapping", {}).items():
+        name = name.replace(hf_part, ours)
+    experts = getattr(model, "expert_params_mapping", None)
+    if experts and (m := _EXPERT_WEIGHT.fullmatch(name)) and m.group(3) in experts:
+        shard = experts[m.group(3)]
+        return f"{m.group(1)}.{'w2' if shard == 'down' else 'w13'}_weight", (int(m.group(2)), shard)
+    target = name.replace(".weight_scale_inv", ".weight_scale")
+    for hf_name, (ours, sid) in packed.items():
+        if f".{hf_name}." in name:
+            return target.replace(hf_name, ours), (sid,)
+    return target, ()
 
 
 _KV_SCALE_SUFFIXES = {".self_attn.k_scale": "k", ".self_attn.v_scale": "v",

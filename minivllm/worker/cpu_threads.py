@@ -18,12 +18,8 @@ SMALL_MODEL_PARAMS = 1_000_000_000
 
 
 def approx_params(config: Config) -> int:
-    """Parameters of the model, from its shapes (embedding, attention, MLP; norms ignored)."""
-    a = config.model_config.arch
-    attn = a.hidden_size * a.head_dim * (2 * a.num_attention_heads + 2 * a.num_key_value_heads)
-    mlp = 3 * a.hidden_size * a.intermediate_size
-    embed = a.vocab_size * a.hidden_size * (1 if a.tie_word_embeddings else 2)
-    return a.num_hidden_layers * (attn + mlp) + embed
+    """Parameters of the model, from its shapes (every expert of a mixture of experts counted)."""
+    return config.model_config.arch.num_params()
 
 
 def cpu_threads(config: Config) -> int | None:

@@ -145,7 +145,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _profile_run(self) -> None:
-        """One forward at the largest batch (through a throw-away cache) to measure peak activations."""
+        """One forward at the largest batch (through a throw-away cache) to measure peak activations.
+
+        NOTE: the weights (every expert of a mixture of experts too) are allocated before, so the peak counts them.
+        The prompts are all token 0, so every token of a MoE layer routes to the same experts: the torch path's
+        largest per-expert batch (all rows through one expert's matmuls)."""
         sc, max_model_len = self.config.scheduler_config, self.config.model_config.max_model_len
         num_tokens = min(sc.max_num_batched_tokens, sc.max_num_seqs * max_model_len)
         seq_len = min(max_model_len, num_tokens)

@@ -1,7 +1,8 @@
 """Model names for benchmarks: configs shipped with the package (dummy weights) or checkpoint folders.
 
 ``configs/<name>/config.json`` beside this file holds the published ``config.json`` of a few public models
-(no weights, no tokenizer), and ``tiny-qwen3``, a made-up 2-layer model for quick CPU runs.
+(no weights, no tokenizer), and ``tiny-qwen3`` and ``tiny-qwen3-moe`` (8 experts, top-2), made-up 2-layer models
+for quick CPU runs.
 ``--model qwen3-0.6b`` resolves to that folder and the engine then defaults to ``load_format="dummy"``
 (random weights of the right shapes); prompts are token ids.
 """
@@ -22,6 +23,8 @@ ALIASES = {
     "meta-llama-3.1-8b": "llama-3.1-8b",
     "meta-llama-3.1-8b-instruct": "llama-3.1-8b",
     "tiny-qwen3": "tiny-qwen3",
+    "qwen3-30b-a3b": "qwen3-30b-a3b",
+    "tiny-qwen3-moe": "tiny-qwen3-moe",
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from torch import nn
 
 from minivllm.config.quantization import Fp8Config, fp8_config
@@ -9,20 +11,30 @@ from minivllm.layers.quantization.fp8 import Fp8LinearMethod
 
 __all__ = ["Fp8Config", "Fp8LinearMethod", "apply_quantization", "fp8_config", "process_weights_after_loading"]
 
+logger = logging.getLogger(__name__)
+
 
 def apply_quantization(model: nn.Module, config: Fp8Config | None, checkpoint_weights: bool) -> None:
-    """Give every linear layer of the decoder (not the embedding or the LM head) ``config``'s FP8 method, with FP8
-    parameters to load into when the weights come from an FP8 checkpoint (``checkpoint_weights``)."""
+    """Give every linear layer of the decoder (not the embedding, the LM head or a MoE router) ``config``'s FP8
+    method, with FP8 parameters to load into when the weights come from an FP8 checkpoint (``checkpoint_weights``).
+
+    The experts of a mixture of experts stay in the model's dtype (a line in the log says so)."""
     if config is None:
         return
+    from minivllm.layers.fused_moe import FusedMoE
     from minivllm.layers.linear import LinearBase
 
     method = Fp8LinearMethod(config)
+    num_moe = 0
     for module in model.modules():
-        if isinstance(module, LinearBase):
+        if isinstance(module, LinearBase) and module.quantizable:
             module.quant_method = method
             if config.from_checkpoint and checkpoint_weights:
                 method.create_weights(module)
+        num_moe += isinstance(module, FusedMoE)
+    if num_moe:
+        logger.warning("FP8: the experts of the %d mixture-of-experts layers stay in the model's dtype (FP8 experts "
+                       "are not supported yet); attention and dense layers run in FP8", num_moe)
 
 
 def process_weights_after_loading(model: nn.Module) -> None:

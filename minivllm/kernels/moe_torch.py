@@ -1,0 +1,57 @@
+"""Mixture of experts in plain torch: top-k routing and the experts' gated MLPs.
+
+What the engine runs on the CPU, and the reference of the Triton kernels (``kernels/fused_moe.py``): same
+signatures, same layout. Expert weights are stacked per layer: ``w13 [E, 2 * I, H]`` (rows ``[0, I)`` the gate
+projection, ``[I, 2 * I)`` the up projection) and ``w2 [E, H, I]`` (the down projection), ``I`` being this
+tensor-parallel rank's slice of each expert's intermediate size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int,
+                   renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's ``top_k`` experts and their weights: ``([n, k] float32, [n, k] int32)``.
+
+    A softmax in float32 over all experts, the ``top_k`` largest probabilities, divided by their sum when
+    ``renormalize`` (Mixtral always; Qwen3-MoE and OLMoE with ``norm_topk_prob``): transformers' order of
+    operations, so that float32 routing is bitwise theirs.
+    """
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [n, E]
+    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)  # [n, k], [n, k]
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return topk_weights, topk_ids.to(torch.int32)
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+    """``sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))`` over each token's experts
+    ``e = topk_ids[t, j]``: ``[n, H]`` in ``x``'s dtype.
+
+    The projections run in ``x``'s dtype; the weighted sum over the k picks accumulates in float32, expert by
+    expert in increasing order (transformers' order). The loop visits only the experts that have tokens, each
+    with its rows gathered into one matmul.
+    """
+    n, _ = x.shape  # x: [n, H]
+    num_experts, top_k, inter = w13.shape[0], topk_ids.shape[1], w2.shape[2]
+    out = torch.zeros(n, x.shape[1], dtype=torch.float32, device=x.device)  # [n, H]
+    flat_ids = topk_ids.reshape(-1).long()  # [n * k]
+    order = torch.argsort(flat_ids, stable=True)  # picks grouped by expert, tokens in order within one
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    tokens = order // top_k  # [n * k]: the token of each sorted pick
+    weights = topk_weights.reshape(-1)[order].float()  # [n * k]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        rows = tokens[start:start + count]  # [count]
+        h = F.linear(x.index_select(0, rows), w13[expert])  # [count, 2 * I]
+        act = F.silu(h[:, :inter]) * h[:, inter:]  # [count, I]
+        y = F.linear(act, w2[expert])  # [count, H]
+        out.index_add_(0, rows, y.float() * weights[start:start + count, None])
+        start += count
+    return out.to(x.dtype)

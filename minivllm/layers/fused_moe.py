@@ -1,0 +1,60 @@
+"""The experts of a mixture-of-experts layer, stacked into two tensors and run by one fused call."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minivllm.distributed.group import TPGroup, divide, rank_and_size
+from minivllm.kernels.moe_torch import fused_moe, select_experts
+
+#: the parts of one expert that ``FusedMoE.weight_loader`` takes: gate and up fill ``w13_weight``, down ``w2_weight``
+EXPERT_SHARDS = ("gate", "up", "down")
+
+
+class FusedMoE(nn.Module):
+    """``num_experts`` gated SiLU MLPs of which each token runs ``top_k``, weighted by its router's softmax.
+
+    ``w13_weight [E, 2 * I_rank, H]`` stacks each expert's gate (rows ``[0, I_rank)``) and up projection,
+    ``w2_weight [E, H, I_rank]`` its down projection. With a ``tp_group`` each rank holds the slice
+    ``[rank * I_rank, (rank + 1) * I_rank)`` of every expert's intermediate dimension (``I_rank =
+    intermediate_size / tp_size``) and returns its partial sum, which the next norm sums over the ranks, as the
+    dense MLP's ``down_proj(reduce_results=False)`` does. ``backend="triton"``: the Triton kernels of
+    ``kernels/fused_moe.py``; otherwise plain torch (``kernels/moe_torch.py``).
+    """
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 renormalize: bool, backend: str = "torch", tp_group: TPGroup | None = None):
+        super().__init__()
+        self.tp_rank, self.tp_size = rank_and_size(tp_group)
+        self.num_experts, self.top_k, self.renormalize, self.backend = num_experts, top_k, renormalize, backend
+        self.intermediate_size_per_rank = divide(intermediate_size, self.tp_size)
+        inter = self.intermediate_size_per_rank
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter), requires_grad=False)
+        self.w13_weight.weight_loader = self.w2_weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, expert_id: int, shard: str) -> None:
+        """Copy this rank's slice of one expert's checkpoint projection (``shard``: ``"gate"`` or ``"up"``, a
+        full ``[intermediate, hidden]`` tensor, or ``"down"``, a full ``[hidden, intermediate]`` one)."""
+        if shard not in EXPERT_SHARDS:
+            raise ValueError(f"shard must be one of {EXPERT_SHARDS}, got {shard!r}")
+        if not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"expert_id must be in [0, {self.num_experts}), got {expert_id}")
+        inter = self.intermediate_size_per_rank
+        start = self.tp_rank * inter
+        if shard == "down":
+            param.data[expert_id].copy_(loaded.narrow(1, start, inter))
+            return
+        offset = 0 if shard == "gate" else inter
+        param.data[expert_id].narrow(0, offset, inter).copy_(loaded.narrow(0, start, inter))
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """``x [n, H]``, ``router_logits [n, E]`` -> ``[n, H]`` (this rank's partial sum at TP > 1)."""
+        if self.backend == "triton":
+            from minivllm.kernels.fused_moe import fused_moe_triton, select_experts_triton  # GPU only
+
+            topk_weights, topk_ids = select_experts_triton(router_logits, self.top_k, self.renormalize)
+            return fused_moe_triton(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)  # [n, k], [n, k]
+        return fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
