@@ -63,3 +63,23 @@ def test_throughput_vs_batch_and_plot(dummy_dir, tmp_path, capsys):
     for w in written:
         assert Path(w).stat().st_size > 1000
     assert "throughput vs batch size" in capsys.readouterr().out
+
+
+def test_expert_load_counts_every_routed_pick(tmp_path, capsys):
+    """Each MoE layer counts top_k picks for every token the model ran: the prompts' and the fed-back outputs'."""
+    out = tmp_path / "e.json"
+    res = _script("expert_load").main(["--model", "tiny-qwen3-moe", "--num-prompts", "3", "--input-len", "20",
+                                       "--output-len", "5", "--per-expert", "--json-out", str(out), *TINY])
+    tokens = 3 * 20 + 3 * (5 - 1)  # prompts, then each output but the last fed back once
+    assert len(res["layers"]) == 2  # tiny-qwen3-moe: both layers sparse
+    for layer in res["layers"]:
+        assert layer["tokens_routed"] == sum(layer["per_expert"]) == tokens * 2  # top-2
+        assert len(layer["per_expert"]) == 8 and layer["max"] >= tokens * 2 / 8 >= layer["min"]
+    assert json.loads(out.read_text())["layers"][0]["per_expert"] == res["layers"][0]["per_expert"]
+    assert "max / mean" in capsys.readouterr().out
+
+
+def test_expert_load_refuses_a_dense_model(dummy_dir):
+    with pytest.raises(SystemExit, match="no mixture-of-experts layer"):
+        _script("expert_load").main(["--model", dummy_dir, "--num-prompts", "1", "--input-len", "4",
+                                     "--output-len", "2", *TINY])
