@@ -159,6 +159,9 @@ ADAPTATIONS = [
     ("openai/completion/test_completion.py", "[0, 0, 0, 0, 0]", lambda c: f"[{', '.join([str(c['bang'])] * 5)}]",
      "token id 0 is '!' in Qwen3's vocabulary but the end-of-text special token in the demo's: the demo's id "
      "of '!' stands for it"),
+    ("serve/instrumentator/test_orca_metrics.py", "prompt_tokens=5, total_tokens=10",
+     lambda c: f"prompt_tokens={c['hello']}, total_tokens={c['hello'] + 5}",
+     "the same count of 'Hello, my name is' (5 in Qwen3's tokenizer), plus the 5 generated tokens"),
     ("serve/instrumentator/test_orca_metrics.py", "[0, 0, 0, 0, 0]",
      lambda c: f"[{', '.join([str(c['bang'])] * 5)}]", "the same: the demo's id of '!' for Qwen3's 0"),
     ("openai/chat_completion/test_chat_echo.py", "151936", lambda c: str(c["vocab"]),

@@ -4,7 +4,7 @@ same app on its client of the engine replicas.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``,
-``GET /tokenizer_info``; vLLM's ``POST /v1/chat/completions/batch``, ``GET /load``, and SageMaker's
+``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``); vLLM's ``POST /v1/chat/completions/batch``, ``GET /load``, and SageMaker's
 ``POST /invocations`` and ``GET|POST /ping``. Every error is
 answered in OpenAI's ``{"error": {...}}`` shape: 400 for bad input (pydantic's included), 401 without a
 valid API key, 413 for a body over the cap, 429 when too many sequences wait, 503 while the engine
@@ -75,7 +75,7 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     serving = OpenAIServing(async_llm, served_model_name, limits, ChatParsers(
         config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser),
         UsageOptions(config.enable_force_include_usage, config.enable_prompt_tokens_details),
-        tokens_as_ids=config.return_tokens_as_token_ids)
+        tokens_as_ids=config.return_tokens_as_token_ids, per_request_metrics=config.enable_per_request_metrics)
     batch = BatchChatServing(serving)
     in_flight = LoadCounter()
     created = int(time.time())
@@ -100,6 +100,8 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
         return error_json(APIError(exc.status_code, str(exc.detail)))
 
     async def on_error(request: Request, exc: Exception):
+        if isinstance(exc, EngineOverloadedError):
+            stats.on_admission_rejection()
         return error_json(exc)
 
     async def on_client_gone(request: Request, exc: ClientDisconnect):
@@ -155,9 +157,9 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
                                       body.chat_template_kwargs, body.messages[-1].role if body.messages else None)
             if body.tools:
                 args["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
-            ids = await text.chat(body.messages, args)
+            ids = await text.chat(body.messages, args, add_special_tokens=bool(body.add_special_tokens))
         else:
-            ids = await text.encode(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
+            ids = await text.encode(body.prompt, "prompt", add_special_tokens=body.add_special_tokens is not False)
         strs = text.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": async_llm.model_info().max_model_len, "tokens": ids,
                 "token_strs": strs}
@@ -167,6 +169,9 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
         body = await parse_body(raw, P.DetokenizeRequest)
         serving.check_model(body.model)
         async_llm.check_usable()
+        if async_llm.tokenizer is None:
+            raise APIError(400, "this server has no tokenizer (--skip-tokenizer-init): it cannot detokenize",
+                           param="tokens")
         vocab = len(async_llm.tokenizer)
         bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
         if bad is not None:
@@ -177,10 +182,11 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     async def version():
         return {"version": __version__}
 
-    @app.get("/tokenizer_info")
-    async def tokenizer_info():
-        async_llm.check_usable()
-        return tokenizer_info_of(async_llm.tokenizer, async_llm.model_info().max_model_len)
+    if config.enable_tokenizer_info_endpoint:
+        @app.get("/tokenizer_info")
+        async def tokenizer_info():
+            async_llm.check_usable()
+            return tokenizer_info_of(async_llm.tokenizer)
 
     @app.post("/v1/chat/completions/batch", openapi_extra=body_schema(P.BatchChatCompletionRequest))
     async def chat_completions_batch(raw: Request):
