@@ -4,7 +4,8 @@ same app on its client of the engine replicas.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``,
-``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``); vLLM's ``POST /v1/chat/completions/batch``, ``GET /load``, and SageMaker's
+``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``); vLLM's ``POST /v1/chat/completions/batch``,
+``POST /v1/decisions``, ``GET /load``, and SageMaker's
 ``POST /invocations`` and ``GET|POST /ping``. Every error is
 answered in OpenAI's ``{"error": {...}}`` shape: 400 for bad input (pydantic's included), 401 without a
 valid API key, 413 for a body over the cap, 429 when too many sequences wait, 503 while the engine
@@ -32,6 +33,7 @@ from minivllm.config.server import ServerConfig
 from minivllm.engine.async_engine import AsyncLLM
 from minivllm.engine.protocol import EngineClient, EngineDeadError, EngineNotReadyError, EngineOverloadedError
 from minivllm.engine.tokenizer import chat_template_args
+from minivllm.entrypoints.openai import decisions_protocol as D
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai.errors import APIError, error_json
 from minivllm.entrypoints.openai.guards import RequestGuard, RequestIdHeader, guarded_h11
@@ -42,6 +44,7 @@ from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_
 from minivllm.entrypoints.openai.serving import OpenAIServing
 from minivllm.entrypoints.openai.serving_base import ChatParsers, UsageOptions
 from minivllm.entrypoints.openai.serving_batch import BatchChatServing
+from minivllm.entrypoints.openai.serving_decisions import DecisionServing
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
 
 logger = logging.getLogger("minivllm.server")
@@ -56,7 +59,8 @@ def _validation_error(exc: RequestValidationError):
     def where(e) -> str:
         return ".".join(str(x) for x in e.get("loc", ()) if x != "body")
 
-    msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')}" for e in errors[:5])
+    # each with pydantic's error type, as vLLM's message has it (clients match on "greater_than_equal")
+    msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')} ({e.get('type')})" for e in errors[:5])
     return error_json(APIError(400, msg or "invalid request", param=(where(errors[0]) or None) if errors else None))
 
 
@@ -77,6 +81,7 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
         UsageOptions(config.enable_force_include_usage, config.enable_prompt_tokens_details),
         tokens_as_ids=config.return_tokens_as_token_ids, per_request_metrics=config.enable_per_request_metrics)
     batch = BatchChatServing(serving)
+    decisions = DecisionServing(serving)
     in_flight = LoadCounter()
     created = int(time.time())
 
@@ -192,6 +197,10 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     async def chat_completions_batch(raw: Request):
         return await batch.chat_batch(await parse_body(raw, P.BatchChatCompletionRequest), raw)
 
+    @app.post("/v1/decisions", openapi_extra=body_schema(D.DecisionRequest))
+    async def decide(raw: Request):
+        return await decisions.decide(await parse_body(raw, D.DecisionRequest), raw)
+
     @app.post("/invocations", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"anyOf": [{"$ref": f"#/components/schemas/{m.__name__}"}
                              for m in (P.ChatCompletionRequest, P.CompletionRequest)]}}}}})
@@ -216,7 +225,7 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             app.openapi_schema = add_schemas(doc, [P.CompletionRequest, P.ChatCompletionRequest,
                                                    P.TokenizeRequest, P.DetokenizeRequest,
-                                                   P.BatchChatCompletionRequest])
+                                                   P.BatchChatCompletionRequest, D.DecisionRequest])
         return app.openapi_schema
 
     app.openapi = openapi
