@@ -4,6 +4,8 @@ tokenizer's own settings (its ``tokenizer_config.json`` as loaded) with its clas
 
 from __future__ import annotations
 
+from tokenizers import AddedToken
+
 from minivllm.entrypoints.openai.errors import APIError
 
 # the paths of the tokenizer's files on the server's disk: nothing a client can use
@@ -25,8 +27,9 @@ def tokenizer_info_of(tokenizer) -> dict:
 
 
 def _json_of(value):
-    """A setting as JSON: an ``AddedToken`` as its text, containers item by item, other objects as text."""
-    if hasattr(value, "content"):
+    """A setting as JSON: a special token (``AddedToken``) as its text, containers item by item, other objects as
+    text."""
+    if isinstance(value, AddedToken):
         return value.content
     if isinstance(value, dict):
         return {str(k): _json_of(v) for k, v in value.items()}
