@@ -73,6 +73,8 @@ class DecisionServing:
                 s.abort()
             raise
         finals = await collect(streams, raw)
+        if any(out is None or not out.outputs[0].logprobs for out in finals):  # aborted: the client left, or a stop
+            raise APIError(503, "the reads were aborted before they finished", "service_unavailable")
         answers = [_answer(q, [out.outputs[0].logprobs[0][t] for t in label_ids[:len(opts)]])
                    for q, opts, out in zip(req.questions, options, finals)]
         input_tokens = sum(len(out.prompt_token_ids) for out in finals)
