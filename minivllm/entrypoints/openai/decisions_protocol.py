@@ -20,6 +20,8 @@ class DecisionModel(BaseModel):
 
 
 class DecisionInputText(DecisionModel):
+    """A text part of an input message."""
+
     type: Literal["input_text"]
     text: InputText
 
@@ -41,6 +43,8 @@ class DecisionInputMessage(DecisionModel):
 
 
 class QuestionBase(DecisionModel):
+    """What every question has: its instructions, and a name its answer repeats."""
+
     instructions: ShortText
     name: ShortText | None = None
 
@@ -58,6 +62,8 @@ class PredicateQuestion(QuestionBase):
 
 
 class ChoiceOption(DecisionModel):
+    """One choice: its value (a string or a boolean), and what it means."""
+
     value: ChoiceValue
     description: ShortText = ""
 
@@ -77,6 +83,8 @@ class ChoiceQuestion(QuestionBase):
 
 
 class ScoreLevel(DecisionModel):
+    """One level of a score's scale, the first being 0."""
+
     label: ShortText
     description: ShortText = ""
 
