@@ -32,6 +32,17 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
+class PhaseTimes(NamedTuple):
+    """A request's phases in seconds, as vLLM measures them (None where a timestamp is missing): ``queue`` from
+    added to first scheduled, ``prefill`` from scheduled to the first token, ``decode`` from the first token to the
+    latest, ``inference`` from scheduled to the latest token (preemptions included)."""
+
+    queue: float | None
+    prefill: float | None
+    decode: float | None
+    inference: float | None
+
+
 @dataclass
 class RequestOutput:
     request_id: str
@@ -40,11 +51,25 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
+    # the engine's time.monotonic(): added, first scheduled, first and latest token, ended
     arrival_time: float = 0.0
+    scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
     finished_time: float | None = None
+    num_preemptions: int = 0  # of its sequences, in all
+    max_tokens: int | None = None  # the request's
     # with SamplingParams.prompt_logprobs: per prompt token {its id: Logprob, top-k ids: Logprob}; None for the first
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+    def phase_times(self) -> PhaseTimes:
+        """The request's queue, prefill, decode and inference times (seconds)."""
+        def span(start: float | None, end: float | None) -> float | None:
+            return None if start is None or end is None else max(0.0, end - start)
+
+        queued, scheduled = self.arrival_time or None, self.scheduled_time
+        first, last = self.first_token_time, self.last_token_time
+        return PhaseTimes(span(queued, scheduled), span(scheduled, first), span(first, last), span(scheduled, last))
 
     def to_dict(self) -> dict:
         """The ``LLM.generate`` result: the first completion's text and ids, plus all completions."""

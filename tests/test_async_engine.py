@@ -50,7 +50,7 @@ class FakeEngine:
         self.closed = False
         self.tokenizer = CharTokenizer()
         self.config = SimpleNamespace(cache_config=SimpleNamespace(kvcache_block_size=16), model_config=SimpleNamespace(
-            max_model_len=64, max_logprobs=20, arch=SimpleNamespace(vocab_size=128)))
+            max_model_len=64, max_logprobs=20, skip_tokenizer_init=False, arch=SimpleNamespace(vocab_size=128)))
         self.num_kvcache_blocks, self.eos_token_ids, self.structured = 8, [0], None
 
     def add_request(self, prompt, params, request_id=None, stream=False, strict_length=False):
@@ -144,7 +144,7 @@ def test_model_info_and_grammars_once_ready():
 
 def test_engine_loop_survives_a_broken_stat_logger_and_fails_adds_queued_after_it_died():
     class Broken:
-        def on_cache_config(self, block_size, num_blocks): ...
+        def on_cache_config(self, block_size, num_blocks, max_model_len): ...
 
         def on_step(self, outputs, stats, now):
             raise RuntimeError("metrics bug")
@@ -205,7 +205,7 @@ def test_cancelled_consumer_aborts_its_request():
     engine, aborts = FakeEngine(), []
 
     class Recorder:
-        def on_cache_config(self, block_size, num_blocks): ...
+        def on_cache_config(self, block_size, num_blocks, max_model_len): ...
 
         def on_step(self, outputs, stats, now): ...
 

@@ -150,7 +150,8 @@ def test_truncate_prompt_tokens_keeps_the_last_ones(server):
 
 
 def test_cached_tokens_come_from_the_prefix_cache(server):
-    """With --enable-prompt-tokens-details, as vLLM 0.33: the prefix-cache hits in the final usage, 0 on a miss."""
+    """With --enable-prompt-tokens-details, as vLLM: the prefix-cache hits, 0 when there are none (in the final
+    usage only)."""
     prompt = [300 + i for i in range(70)]
     first = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1})["usage"]
     second = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1})["usage"]
@@ -165,7 +166,8 @@ def test_cached_tokens_come_from_the_prefix_cache(server):
                                                  "max_tokens": 1})
     again = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "def add(a, b): " * 12}],
                                                   "max_tokens": 1})
-    assert chat["usage"]["prompt_tokens_details"] == {"cached_tokens": 0} and again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert chat["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 # ------------------------------------------------------------------ streaming usage
@@ -226,9 +228,8 @@ def test_routes(server):
     assert httpx.get(server.url + "/version").json() == {"version": __version__}
     (card,) = httpx.get(server.url + "/v1/models").json()["data"]
     assert card["id"] == NAME and card["max_model_len"] == 256
-    info = httpx.get(server.url + "/tokenizer_info").json()
-    assert info["tokenizer_class"] and "<|im_start|>" in info["chat_template"]
-    assert info["eos_token"] == "<|endoftext|>" and info["model_max_length"] == 256
+    # it shows the chat template and the tokenizer's settings: only with --enable-tokenizer-info-endpoint (vLLM's)
+    assert httpx.get(server.url + "/tokenizer_info").status_code == 404
     ids = post(server, "/tokenize", {"prompt": "def f(x):"})
     assert post(server, "/detokenize", {"tokens": ids["tokens"]}) == {"prompt": "def f(x):"}
 

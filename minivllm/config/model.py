@@ -100,6 +100,9 @@ class ModelConfig:
                                           "max_position_embeddings))")
     load_format: str = arg("auto", "auto or safetensors (the checkpoint's weights), or dummy (random weights "
                                    "of the right shapes, for benchmarks)", choices=("auto", "safetensors", "dummy"))
+    skip_tokenizer_init: bool = arg(False, "load no tokenizer (vLLM's flag): prompts must be token ids, outputs are "
+                                           "token ids with empty text; no stop strings, bad words or structured "
+                                           "outputs")
     seed: int = arg(0, "random seed of the engine (dummy weights, unseeded sampling)")
     max_logprobs: int = arg(20, "most logprobs a request may ask for per token (logprobs, prompt_logprobs, "
                                 "top_logprobs), as in vLLM; -1: the whole vocabulary")

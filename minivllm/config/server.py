@@ -7,9 +7,12 @@ Plain data like the rest of ``config``: importing it needs neither fastapi nor R
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, field, fields
 
 from minivllm.config.fields import arg, at_least, check_types
+
+_VERSION = re.compile(r"v?\d+(\.\d+)+")
 
 
 @dataclass
@@ -54,10 +57,20 @@ class ServerConfig:
     enable_force_include_usage: bool = arg(False, "usage in every chunk of every stream, and a last chunk with "
                                                   "it, whether or not the request asked (stream_options)")
     enable_prompt_tokens_details: bool = arg(False, "report usage.prompt_tokens_details.cached_tokens, the prompt "
-                                                    "tokens read from the prefix cache (0 on a miss; without the "
+                                                    "tokens read from the prefix cache (0 without a hit; without the "
                                                     "flag prompt_tokens_details is null, as in vLLM)")
     enable_server_load_tracking: bool = arg(False, "count the completion and chat requests in flight, for GET "
                                                    "/load ({\"server_load\": N}; 0 without it)")
+    enable_tokenizer_info_endpoint: bool = arg(False, "serve GET /tokenizer_info (the tokenizer's settings and "
+                                                      "chat template, as vLLM's; off by default: it shows them to "
+                                                      "every client)")
+    enable_per_request_metrics: bool = arg(False, "add a request's timings (metrics: time_to_first_token_ms, "
+                                                  "generation_time_ms, queue_time_ms, mean_itl_ms, "
+                                                  "tokens_per_second) to its response, and to a stream's usage "
+                                                  "chunk, for requests of one completion (n=1), as vLLM")
+    show_hidden_metrics_for_version: str | None = arg(None, "show the Prometheus metrics deprecated and hidden "
+                                                            "since this version (MAJOR.MINOR, vLLM's flag); none "
+                                                            "is hidden in this release, so it shows nothing more")
     autoscale_max_replicas: int | None = arg(None, "with --data-parallel-size N: let Ray Serve add engine replicas, "
                                                    "up to this many, while their queues are long (and remove them "
                                                    "down to N when idle)")
@@ -90,5 +103,13 @@ class ServerConfig:
             at_least("autoscale_max_replicas", self.autoscale_max_replicas, 1)
         if self.uds is not None and not self.uds:
             raise ValueError("uds must be a socket path, got ''")
+        if self.show_hidden_metrics_for_version is not None:
+            check_version("show_hidden_metrics_for_version", self.show_hidden_metrics_for_version)
         if any(not isinstance(k, str) or not k for k in self.api_key):
             raise ValueError("api_key must be non-empty strings")
+
+
+def check_version(name: str, value: str) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is a release number (``0.32``, ``0.7.1``)."""
+    if not _VERSION.fullmatch(value):
+        raise ValueError(f"{name} must be a version such as 0.32, got {value!r}")

@@ -259,7 +259,8 @@ class AsyncLLM:
         try:
             mc, cc = engine.config.model_config, engine.config.cache_config
             self._info = ModelInfo(mc.max_model_len, mc.arch.vocab_size, tuple(engine.eos_token_ids),
-                                   cc.kvcache_block_size, engine.num_kvcache_blocks, mc.max_logprobs)
+                                   cc.kvcache_block_size, engine.num_kvcache_blocks, mc.max_logprobs,
+                                   mc.skip_tokenizer_init)
             self._engine = engine
             for sl in tuple(self.stat_loggers):
                 self._tell_cache_config(sl)
@@ -268,7 +269,7 @@ class AsyncLLM:
 
     def _tell_cache_config(self, sl: StatLogger) -> None:
         try:
-            sl.on_cache_config(self._info.kvcache_block_size, self._info.num_kvcache_blocks)
+            sl.on_cache_config(self._info.kvcache_block_size, self._info.num_kvcache_blocks, self._info.max_model_len)
         except Exception:  # a metrics bug must not take the engine down
             logger.exception("stat logger %r failed in on_cache_config", sl)
 

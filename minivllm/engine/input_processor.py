@@ -96,8 +96,10 @@ class InputProcessor:
         for name in ("logit_bias", "allowed_token_ids", "stop_token_ids", "logprob_token_ids"):
             self._check_vocabulary(name, getattr(params, name))
         self._check_logprobs(params)
-        if params.bad_words and self.tokenizer is None:
-            raise ValueError("bad_words needs a tokenizer, and this checkpoint has none")
+        if self.tokenizer is None:  # no checkpoint tokenizer, or skip_tokenizer_init
+            for name, given in (("bad_words", params.bad_words), ("stop", params.stop_strings)):
+                if given:
+                    raise ParameterError(f"{name} needs a tokenizer, and this engine has none", name)
         if params.structured_outputs is not None:
             if self.structured is None:
                 raise ValueError("structured_outputs needs a tokenizer, and this checkpoint has none")

@@ -60,7 +60,7 @@ class LLMEngine:
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
         self.executor = create_executor(config)
         self.num_kvcache_blocks = self.executor.num_kvcache_blocks
-        self.tokenizer = load_tokenizer(mc.model)
+        self.tokenizer = None if mc.skip_tokenizer_init else load_tokenizer(mc.model)
         self.special_ids = special_token_ids(self.tokenizer) if self.tokenizer is not None else frozenset()
         eos = list(mc.arch.eos_token_ids)
         if not eos and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -176,6 +176,8 @@ class LLMEngine:
             touched.update(self._resolve(self._sample(self._in_flight)))
             self._in_flight = None
         sched = self.scheduler.schedule()
+        if sched.new_requests:
+            self._mark_scheduled(sched)
         # the step in flight is sampled before the next forward, which reads its tokens on the device
         previous = self._sample(self._in_flight) if self._in_flight is not None else None
         self._in_flight = self._launch(sched) if not sched.is_empty else None
@@ -197,6 +199,14 @@ class LLMEngine:
             prefix_cache_hit_tokens=sched.num_cached_tokens, prefix_cache_query_tokens=sched.num_admitted_tokens,
             step_time=time.perf_counter() - t0)
         return outputs, stats
+
+    def _mark_scheduled(self, sched: SchedulerOutput) -> None:
+        """The time a request's first sequence was first scheduled (not again after a preemption)."""
+        now = time.monotonic()
+        for new in sched.new_requests:
+            owner = self._seq_to_request.get(new.seq_id)
+            if owner is not None and owner[0].output.scheduled_time is None:
+                owner[0].output.scheduled_time = now
 
     def _admit_compiled(self) -> dict[str, RequestState]:
         """Schedule the requests whose grammars finished compiling (waiting a moment when nothing else can run);

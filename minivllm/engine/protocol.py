@@ -42,14 +42,15 @@ class ModelInfo:
     kvcache_block_size: int
     num_kvcache_blocks: int
     max_logprobs: int = 20  # the most logprobs a request may ask for (-1: the whole vocabulary)
+    skip_tokenizer_init: bool = False  # the engine loads no tokenizer: prompts and outputs are token ids
 
 
 class StatLogger(Protocol):
     """Receives what an engine does (``PrometheusStatLogger``). ``on_step`` and ``on_abort`` run on the engine
     loop thread, ``on_cache_config`` on the event loop: an implementation must be thread-safe."""
 
-    def on_cache_config(self, block_size: int, num_blocks: int) -> None:
-        """Once, when the engine is ready: its KV cache's block size and block count."""
+    def on_cache_config(self, block_size: int, num_blocks: int, max_model_len: int) -> None:
+        """Once, when the engine is ready: its KV cache's block size and block count, and the model's context."""
 
     def on_step(self, outputs: list[RequestOutput], stats: StepStats, now: float) -> None:
         """After each engine step: the step's outputs and statistics (``now``: ``time.monotonic()``)."""

@@ -28,7 +28,8 @@ class RequestState:
         self.output = RequestOutput(request_id, prompt, prompt_token_ids,
                                     [CompletionOutput(i, logprobs=[] if params.num_logprobs is not None else None)
                                      for i in range(params.n)], arrival_time=time.monotonic(),
-                                    prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+                                    prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+                                    max_tokens=params.max_tokens)
 
     def on_prompt_logprobs(self, first: int, entries: list[dict]) -> None:
         """The logprob entries of prompt tokens ``first, first + 1, ...``; those already known (a recompute after
@@ -41,6 +42,7 @@ class RequestState:
                  finish) -> None:
         """Completion ``i`` (sequence ``seq``) got ``token_id``; ``finish(seq, "stop", s)`` ends it on a stop string."""
         out = self.output.outputs[i]
+        self.output.last_token_time = now
         if self.output.first_token_time is None:
             self.output.first_token_time = now
             self.output.num_cached_tokens = seq.num_cached_tokens
@@ -83,6 +85,7 @@ class RequestState:
             out.delta_text, out.delta_token_ids, out.delta_logprobs = "", [], None
             if out.finished:
                 finished_seq_ids.append(self.seqs[i].seq_id)
+        ro.num_preemptions = sum(seq.num_preemptions for seq in self.seqs)
         ro.finished = all(o.finished for o in ro.outputs)
         if ro.finished:
             ro.finished_time = time.monotonic()

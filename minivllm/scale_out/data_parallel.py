@@ -91,7 +91,7 @@ class DataParallelEngine:
             self.close()
             raise
         self.num_kvcache_blocks = blocks[0]
-        self.tokenizer = load_tokenizer(model)
+        self.tokenizer = None if config.model_config.skip_tokenizer_init else load_tokenizer(model)
 
     def _get(self, refs):
         ray = _import_ray()

@@ -53,11 +53,15 @@ def stage_model(stage: Path) -> Path:
         shutil.rmtree(model)
     model.mkdir(parents=True)
     for f in DEMO_MODEL.iterdir():
-        if f.name != "config.json":
+        if f.name not in ("config.json", "tokenizer_config.json"):
             (model / f.name).symlink_to(f)
     config = json.loads((DEMO_MODEL / "config.json").read_text())
     config["max_position_embeddings"] = SERVED_MAX_POSITION_EMBEDDINGS
     (model / "config.json").write_text(json.dumps(config, indent=2))
+    # the tokenizer says the same context as the raised config (GET /tokenizer_info reports it)
+    tokenizer_config = json.loads((DEMO_MODEL / "tokenizer_config.json").read_text())
+    tokenizer_config["model_max_length"] = SERVED_MAX_POSITION_EMBEDDINGS
+    (model / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     return model
 
 

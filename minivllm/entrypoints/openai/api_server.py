@@ -4,7 +4,8 @@ same app on its client of the engine replicas.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``,
-``GET /tokenizer_info``; vLLM's ``POST /v1/chat/completions/batch``, ``GET /load``, and SageMaker's
+``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``); vLLM's ``POST /v1/chat/completions/batch``,
+``POST /v1/decisions``, ``GET /load``, and SageMaker's
 ``POST /invocations`` and ``GET|POST /ping``. Every error is
 answered in OpenAI's ``{"error": {...}}`` shape: 400 for bad input (pydantic's included), 401 without a
 valid API key, 413 for a body over the cap, 429 when too many sequences wait, 503 while the engine
@@ -32,6 +33,7 @@ from minivllm.config.server import ServerConfig
 from minivllm.engine.async_engine import AsyncLLM
 from minivllm.engine.protocol import EngineClient, EngineDeadError, EngineNotReadyError, EngineOverloadedError
 from minivllm.engine.tokenizer import chat_template_args
+from minivllm.entrypoints.openai import decisions_protocol as D
 from minivllm.entrypoints.openai import protocol as P
 from minivllm.entrypoints.openai.errors import APIError, error_json
 from minivllm.entrypoints.openai.guards import RequestGuard, RequestIdHeader, guarded_h11
@@ -42,6 +44,7 @@ from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_
 from minivllm.entrypoints.openai.serving import OpenAIServing
 from minivllm.entrypoints.openai.serving_base import ChatParsers, UsageOptions
 from minivllm.entrypoints.openai.serving_batch import BatchChatServing
+from minivllm.entrypoints.openai.serving_decisions import DecisionServing
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
 
 logger = logging.getLogger("minivllm.server")
@@ -56,8 +59,8 @@ def _validation_error(exc: RequestValidationError):
     def where(e) -> str:
         return ".".join(str(x) for x in e.get("loc", ()) if x != "body")
 
-    # pydantic's error type in brackets, as in vLLM's message (clients match on it: ``greater_than_equal``)
-    msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')} [type={e.get('type')}]" for e in errors[:5])
+    # each with pydantic's error type, as vLLM's message has it (clients match on "greater_than_equal")
+    msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')} ({e.get('type')})" for e in errors[:5])
     return error_json(APIError(400, msg or "invalid request", param=(where(errors[0]) or None) if errors else None))
 
 
@@ -76,8 +79,9 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     serving = OpenAIServing(async_llm, served_model_name, limits, ChatParsers(
         config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser),
         UsageOptions(config.enable_force_include_usage, config.enable_prompt_tokens_details),
-        tokens_as_ids=config.return_tokens_as_token_ids)
+        tokens_as_ids=config.return_tokens_as_token_ids, per_request_metrics=config.enable_per_request_metrics)
     batch = BatchChatServing(serving)
+    decisions = DecisionServing(serving)
     in_flight = LoadCounter()
     created = int(time.time())
 
@@ -101,6 +105,8 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
         return error_json(APIError(exc.status_code, str(exc.detail)))
 
     async def on_error(request: Request, exc: Exception):
+        if isinstance(exc, EngineOverloadedError):
+            stats.on_admission_rejection()
         return error_json(exc)
 
     async def on_client_gone(request: Request, exc: ClientDisconnect):
@@ -156,9 +162,9 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
                                       body.chat_template_kwargs, body.messages[-1].role if body.messages else None)
             if body.tools:
                 args["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
-            ids = await text.chat(body.messages, args)
+            ids = await text.chat(body.messages, args, add_special_tokens=bool(body.add_special_tokens))
         else:
-            ids = await text.encode(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
+            ids = await text.encode(body.prompt, "prompt", add_special_tokens=body.add_special_tokens is not False)
         strs = text.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": async_llm.model_info().max_model_len, "tokens": ids,
                 "token_strs": strs}
@@ -168,6 +174,9 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
         body = await parse_body(raw, P.DetokenizeRequest)
         serving.check_model(body.model)
         async_llm.check_usable()
+        if async_llm.tokenizer is None:
+            raise APIError(400, "this server has no tokenizer (--skip-tokenizer-init): it cannot detokenize",
+                           param="tokens")
         vocab = len(async_llm.tokenizer)
         bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
         if bad is not None:
@@ -178,14 +187,19 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     async def version():
         return {"version": __version__}
 
-    @app.get("/tokenizer_info")
-    async def tokenizer_info():
-        async_llm.check_usable()
-        return tokenizer_info_of(async_llm.tokenizer, async_llm.model_info().max_model_len)
+    if config.enable_tokenizer_info_endpoint:
+        @app.get("/tokenizer_info")
+        async def tokenizer_info():
+            async_llm.check_usable()
+            return tokenizer_info_of(async_llm.tokenizer)
 
     @app.post("/v1/chat/completions/batch", openapi_extra=body_schema(P.BatchChatCompletionRequest))
     async def chat_completions_batch(raw: Request):
         return await batch.chat_batch(await parse_body(raw, P.BatchChatCompletionRequest), raw)
+
+    @app.post("/v1/decisions", openapi_extra=body_schema(D.DecisionRequest))
+    async def decide(raw: Request):
+        return await decisions.decide(await parse_body(raw, D.DecisionRequest), raw)
 
     @app.post("/invocations", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"anyOf": [{"$ref": f"#/components/schemas/{m.__name__}"}
@@ -211,7 +225,7 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             app.openapi_schema = add_schemas(doc, [P.CompletionRequest, P.ChatCompletionRequest,
                                                    P.TokenizeRequest, P.DetokenizeRequest,
-                                                   P.BatchChatCompletionRequest])
+                                                   P.BatchChatCompletionRequest, D.DecisionRequest])
         return app.openapi_schema
 
     app.openapi = openapi

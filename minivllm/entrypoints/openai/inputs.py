@@ -80,9 +80,11 @@ class Tokenization:
             self._check_length(len(text), field)
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
-    async def chat(self, messages: list[P.ChatMessage], template_args: dict | None = None) -> list[int]:
+    async def chat(self, messages: list[P.ChatMessage], template_args: dict | None = None,
+                   add_special_tokens: bool = False) -> list[int]:
         """The messages rendered with the chat template (the tokenizer's, or ``template_args["chat_template"]``),
-        tokenized. ``template_args``: ``apply_chat_template``'s keyword arguments (``protocol.template_args``)."""
+        tokenized. ``template_args``: ``apply_chat_template``'s keyword arguments (``protocol.template_args``);
+        ``add_special_tokens``: the tokenizer's own too (a BOS the template already wrote would come twice)."""
         self._require()
         args = dict(template_args or {"add_generation_prompt": True})
         if not args.get("chat_template") and not getattr(self.tokenizer, "chat_template", None):
@@ -90,15 +92,15 @@ class Tokenization:
                                 "in chat_template", param="messages")
         msgs = [m.to_template() for m in messages]
         self._check_length(sum(len(str(m.get("content", ""))) for m in msgs), "messages")
-        return await asyncio.to_thread(self._render, msgs, args)
+        return await asyncio.to_thread(self._render, msgs, args, add_special_tokens)
 
-    def _render(self, msgs: list[dict], args: dict) -> list[int]:
+    def _render(self, msgs: list[dict], args: dict, add_special_tokens: bool) -> list[int]:
         try:
             text = self.tokenizer.apply_chat_template(msgs, tokenize=False, **args)
         except Exception as exc:  # a template raises what its author chose: the client's input is at fault
             param = "chat_template" if args.get("chat_template") else "messages"
             raise APIError(400, f"the chat template failed on these messages: {exc}", param=param) from exc
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         """Token ids to text (ids outside the tokenizer's vocabulary are dropped)."""

@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 logger = logging.getLogger(__name__)
 
 #: the routes that run the model: the ones ``/load`` counts (vLLM's, of those this server has)
-GENERATING = ("/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch", "/invocations")
+GENERATING = ("/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/decisions",
+              "/invocations")
 #: the routes whose whole (not streamed) answers carry the ORCA header, as in vLLM
 ORCA_ROUTES = ("/v1/completions", "/v1/chat/completions", "/invocations")
 ORCA_REQUEST_HEADER = b"endpoint-load-metrics-format"

@@ -23,6 +23,14 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
                    10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
+# vLLM's buckets of a request's phases (queue, prefill, decode, inference), its n and its preemptions
+PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                 480.0, 960.0, 1920.0, 7680.0)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+#: vLLM's reasons a request is turned away at admission; this server's one limit is on waiting sequences
+#: (--max-num-waiting, a 429), counted as max_num_queued_reqs
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 #: vLLM's finish reasons: each ``vllm:request_success`` series exists from the start, at 0 (a dashboard's
 #: ``rate()`` of aborts reads 0, not "no data"); this engine ends requests with the first three
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -83,6 +91,22 @@ class PrometheusStatLogger:
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first generated token.")
         self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens of one completion.")
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to the end of the request.")
+        self._admission = Counter("vllm:admission_rejections", "Requests turned away at admission (429: too many "
+                                  "sequences waiting), by reason.", names + ["reason"], registry=r)
+        for reason in ADMISSION_REASONS:
+            self._admission.labels(model_name, reason)
+        phase = "Time of a finished request in its {} phase (vLLM's)."
+        self.queue_time = histogram("vllm:request_queue_time_seconds", phase.format("waiting"), PHASE_BUCKETS)
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds", phase.format("prefill"), PHASE_BUCKETS)
+        self.decode_time = histogram("vllm:request_decode_time_seconds", phase.format("decode"), PHASE_BUCKETS)
+        self.inference_time = histogram("vllm:request_inference_time_seconds", phase.format("running (prefill and "
+                                        "decode)"), PHASE_BUCKETS)
+        self.request_preemptions = histogram("vllm:request_num_preemptions", "Times a finished request's sequences "
+                                             "were preempted.", PREEMPTION_BUCKETS)
+        self.params_n = histogram("vllm:request_params_n", "The n of finished requests.", PARAMS_N_BUCKETS)
+        # the token-count histograms' buckets reach max_model_len: made once the engine tells it (on_cache_config)
+        self._token_histograms: tuple | None = None
+        self._histogram = histogram
         self.batch_size = histogram("minivllm_batch_size", "Sequences in each engine step that ran the model.", BATCH_BUCKETS)
         self.step_time = histogram("minivllm_step_time_seconds", "Wall time of each engine step that ran the model.")
         self._hits = self._queries = 0
@@ -90,12 +114,26 @@ class PrometheusStatLogger:
         self._started: set[str] = set()
         self._last_token: dict[tuple[str, int], float] = {}
 
-    def on_cache_config(self, block_size: int, num_gpu_blocks: int) -> None:
-        """vLLM's ``vllm:cache_config_info`` (value 1, the settings as labels), once the engine is ready: routers
-        that score prefix-cache hits themselves, such as llm-d's endpoint picker, read the block size and count
-        from it."""
-        Gauge("vllm:cache_config_info", "The KV cache's settings (as labels).", ["model_name", "block_size",
-              "num_gpu_blocks"], registry=self.registry).labels(self._model, str(block_size), str(num_gpu_blocks)).set(1)
+    def on_cache_config(self, block_size: int, num_gpu_blocks: int, max_model_len: int) -> None:
+        """vLLM's ``vllm:cache_config_info`` (value 1, the settings as labels: the block size and count, the
+        tokens they hold and how many requests of ``max_model_len`` tokens fit), once the engine is ready: routers
+        that score prefix-cache hits themselves, such as llm-d's endpoint picker, read them. Also makes the
+        per-request token histograms, whose buckets reach ``max_model_len``."""
+        tokens = block_size * num_gpu_blocks
+        Gauge("vllm:cache_config_info", "The KV cache's settings (as labels).", [
+            "model_name", "block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_max_concurrency"],
+            registry=self.registry).labels(self._model, str(block_size), str(num_gpu_blocks), str(tokens),
+                                           f"{tokens / max_model_len:.2f}").set(1)
+        if self._token_histograms is None:
+            buckets = tokens_buckets(max_model_len)
+            self._token_histograms = tuple(self._histogram(name, doc, buckets) for name, doc in (
+                ("vllm:request_prompt_tokens", "Prompt tokens of finished requests."),
+                ("vllm:request_generation_tokens", "Generated tokens of finished requests (all their completions)."),
+                ("vllm:request_params_max_tokens", "The max_tokens of finished requests.")))
+
+    def on_admission_rejection(self, reason: str = "max_num_queued_reqs") -> None:
+        """A request turned away at admission (``vllm:admission_rejections``)."""
+        self._admission.labels(self._model, reason).inc()
 
     def on_step(self, outputs: list[RequestOutput], stats: StepStats, now: float) -> None:
         """Record one engine step: gauges from ``stats``, counters and latencies from ``outputs``."""
@@ -148,7 +186,23 @@ class PrometheusStatLogger:
             end = out.finished_time if out.finished_time is not None else now
             self.e2e.observe(max(0.0, end - out.arrival_time))
             self._success.labels(self._model, out.outputs[0].finish_reason or "abort").inc()
+            self._on_finished(out)
         return tokens
+
+    def _on_finished(self, out: RequestOutput) -> None:
+        """vLLM's per-request histograms of a finished request: its phases (0 for one it never reached), its
+        preemptions, its n, and its token counts."""
+        for hist, seconds in zip((self.queue_time, self.prefill_time, self.decode_time, self.inference_time),
+                                 out.phase_times()):
+            hist.observe(seconds or 0.0)
+        self.request_preemptions.observe(out.num_preemptions)
+        self.params_n.observe(len(out.outputs))
+        if self._token_histograms is not None:
+            prompt, generation, max_tokens = self._token_histograms
+            prompt.observe(len(out.prompt_token_ids))
+            generation.observe(sum(len(c.token_ids) for c in out.outputs))
+            if out.max_tokens:
+                max_tokens.observe(out.max_tokens)
 
     def on_abort(self, request_id: str, now: float) -> None:
         """Count an aborted request and forget its timing state."""
@@ -165,3 +219,14 @@ class PrometheusStatLogger:
     def render(self) -> bytes:
         """The metrics in the Prometheus text format."""
         return generate_latest(self.registry)
+
+
+def tokens_buckets(max_value: int) -> list[int]:
+    """vLLM's buckets of token counts: 1, 2, 5, 10, 20, 50, ... up to ``max_value``."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return out
+            out.append(m * scale)
+        scale *= 10

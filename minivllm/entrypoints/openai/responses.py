@@ -33,9 +33,29 @@ class UsageInfo(BaseModel):
         return usage
 
     def set_cached_tokens(self, cached_tokens: int) -> None:
-        """``prompt_tokens_details.cached_tokens`` (0 on a miss) where the server reports them, null otherwise, as
-        vLLM 0.33."""
-        self.prompt_tokens_details = PromptTokensDetails(cached_tokens=cached_tokens) if self._report_cached else None
+        """``prompt_tokens_details.cached_tokens`` where the server reports them (0 without a hit); null otherwise,
+        as vLLM."""
+        report = self._report_cached
+        self.prompt_tokens_details = PromptTokensDetails(cached_tokens=cached_tokens) if report else None
+
+
+class _Sparse(BaseModel):
+    """A part of a response of which only the fields that are set are sent."""
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class PerRequestMetrics(_Sparse):
+    """vLLM's per-request timings (``--enable-per-request-metrics``), in milliseconds; a timing the request has no
+    timestamps for is left out."""
+
+    time_to_first_token_ms: float | None = None
+    generation_time_ms: float | None = None
+    queue_time_ms: float | None = None
+    mean_itl_ms: float | None = None
+    tokens_per_second: float | None = None
 
 
 class PromptLogprob(BaseModel):
@@ -84,6 +104,14 @@ class _Response(BaseModel, Generic[ChoiceT]):
     model: str
     choices: list[ChoiceT]
     usage: UsageInfo | None = None
+    metrics: PerRequestMetrics | None = None  # vLLM's, with --enable-per-request-metrics (left out otherwise)
+
+    @model_serializer(mode="wrap")
+    def _drop_no_metrics(self, handler):
+        out = handler(self)
+        if isinstance(out, dict) and out.get("metrics", ...) is None:
+            del out["metrics"]
+        return out
 
 
 class CompletionResponse(_Response[CompletionChoice]):
@@ -133,14 +161,6 @@ class AssistantMessage(BaseModel):
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
-
-
-class _Sparse(BaseModel):
-    """A stream delta's part: only the fields that are set are sent."""
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler):
-        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class DeltaFunctionCall(_Sparse):

@@ -16,6 +16,7 @@ from minivllm.entrypoints.openai import responses as R
 from minivllm.entrypoints.openai.beam_search import beam_search_params
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.inputs import RequestLimits, Tokenization
+from minivllm.entrypoints.openai.request_metrics import request_metrics
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import truncate_prompt
 from minivllm.structured_outputs_params import StructuredOutputsParams
@@ -79,11 +80,13 @@ class ServingBase:
 
     def __init__(self, llm: EngineClient, model_name: str, limits: RequestLimits = RequestLimits(),
                  parsers: ChatParsers = ChatParsers(), usage_options: UsageOptions = UsageOptions(),
-                 tokens_as_ids: bool = False):
-        """``tokens_as_ids``: the server's default of ``return_tokens_as_token_ids``."""
+                 tokens_as_ids: bool = False, per_request_metrics: bool = False):
+        """``tokens_as_ids``: the server's default of ``return_tokens_as_token_ids``; ``per_request_metrics``: add
+        each request's timings to its response (``--enable-per-request-metrics``)."""
         self.llm, self.model_name, self.limits, self.parsers = llm, model_name, limits, parsers
         self.usage_options = usage_options
         self.tokens_as_ids = tokens_as_ids
+        self.per_request_metrics = per_request_metrics
         self._tokenization: Tokenization | None = None
 
     @property
@@ -94,6 +97,14 @@ class ServingBase:
             self._tokenization = Tokenization(self.llm.tokenizer, self.llm.model_info().max_model_len)
         return self._tokenization
 
+    def metrics_of(self, finals: list[RequestOutput | None], n: int, num_generated: int):
+        """A response's ``metrics`` (``--enable-per-request-metrics``): the timings of its one request of one
+        completion, which generated ``num_generated`` tokens; None otherwise (as vLLM: the timestamps of several
+        prompts or completions are no one's)."""
+        if not self.per_request_metrics or len(finals) != 1 or n != 1:
+            return None
+        return request_metrics(finals[0], num_generated)
+
     def check_model(self, model: str | None) -> None:
         """404 unless ``model`` is the served name (or omitted)."""
         if model is not None and model != self.model_name:
@@ -101,7 +112,9 @@ class ServingBase:
 
     def as_ids(self, req: P.SamplingRequest) -> bool:
         """Whether ``req``'s logprobs name tokens ``"token_id:N"``: its ``return_tokens_as_token_ids``, else the
-        server's default."""
+        server's default; always without a tokenizer (``--skip-tokenizer-init``: tokens have no text)."""
+        if self.tokenization.tokenizer is None:
+            return True
         return self.tokens_as_ids if req.return_tokens_as_token_ids is None else req.return_tokens_as_token_ids
 
     def token_str(self, token_id: int, as_id: bool = False) -> str:

@@ -61,7 +61,7 @@ class BatchChatServing:
             if answer.usage.prompt_tokens_details is not None:
                 cached += answer.usage.prompt_tokens_details.cached_tokens
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
-        if cached:  # each conversation reported its hits: the server reports them (--enable-prompt-tokens-details)
+        if any(a.usage.prompt_tokens_details is not None for a in answers):  # --enable-prompt-tokens-details
             usage.prompt_tokens_details = R.PromptTokensDetails(cached_tokens=cached)
         return json_response(R.ChatCompletionResponse(id=f"chatcmpl-{uuid.uuid4().hex}", model=self.serving.model_name,
                                                       choices=choices, usage=usage))

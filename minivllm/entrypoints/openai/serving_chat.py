@@ -83,10 +83,12 @@ class ChatServing(ServingBase):
                 logprobs=self.chat_logprobs(c.token_ids, c.logprobs, k, as_id, bool(req.logprob_token_ids)),
                 finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)), stop_reason=c.stop_reason,
                 token_ids=list(c.token_ids) if with_ids else None))
+        usage = final_usage([out], self.usage_options)
         return json_response(R.ChatCompletionResponse(
-            id=rid, model=self.model_name, choices=choices, usage=final_usage([out], self.usage_options),
+            id=rid, model=self.model_name, choices=choices, usage=usage,
             prompt_logprobs=self.prompt_logprobs(out) if params.prompt_logprobs is not None else None,
-            prompt_token_ids=list(out.prompt_token_ids) if with_ids else None))
+            prompt_token_ids=list(out.prompt_token_ids) if with_ids else None,
+            metrics=self.metrics_of([out], req.n, usage.completion_tokens)))
 
     async def _chat_stream(self, req, rid, streams, ids, k, echo, reader) -> AsyncIterator[str]:
         sent: dict[int, int] = {}
@@ -104,7 +106,9 @@ class ChatServing(ServingBase):
                         **(first_ids if i == 0 else {}))
             if echo:
                 yield chunk(R.ChatChunkChoice(index=i, delta=R.DeltaMessage(content=echo)))
-        async for _, _, c in stream_outputs(streams, usage):
+        latest = None
+        async for _, out, c in stream_outputs(streams, usage):
+            latest = out
             text = delta_with_rest(c, sent.get(c.index, 0))
             sent[c.index] = sent.get(c.index, 0) + len(text)
             lp = self.chat_logprobs(c.delta_token_ids, c.delta_logprobs, k, self.as_ids(req),
@@ -125,7 +129,8 @@ class ChatServing(ServingBase):
                     finish_reason=_finish_reason(c.finish_reason, st.num_calls > 0), stop_reason=c.stop_reason,
                     token_ids=ids_now))
         if req.include_usage:
-            yield sse(R.ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=usage))
+            yield sse(R.ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=usage,
+                                            metrics=self.metrics_of([latest], req.n, usage.completion_tokens)))
         yield "data: [DONE]\n\n"
 
 

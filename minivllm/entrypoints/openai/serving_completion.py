@@ -66,8 +66,9 @@ class CompletionServing(ServingBase):
                     stop_reason=c.stop_reason, prompt_logprobs=prompt_lps,
                     prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
                     token_ids=list(c.token_ids) if req.return_token_ids else None))
-        return json_response(R.CompletionResponse(id=rid, model=self.model_name, choices=choices,
-                                                  usage=final_usage(finals, self.usage_options)))
+        usage = final_usage(finals, self.usage_options)
+        return json_response(R.CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=usage,
+                                                  metrics=self.metrics_of(finals, req.n, usage.completion_tokens)))
 
     async def _echo(self, req: P.CompletionRequest, prompt: str | list[int], ids: list[int]) -> str:
         """What ``echo`` repeats of a prompt, as vLLM: a text as sent; token ids (or a cut text) decoded with their
@@ -95,6 +96,7 @@ class CompletionServing(ServingBase):
                                             usage=usage.model_copy(deep=True) if req.continuous_usage else None),
                        req.include_usage)
 
+        out = None
         async for i, out, c in stream_outputs(streams, usage):
             idx = i * n + c.index
             first = idx not in sent
@@ -117,5 +119,6 @@ class CompletionServing(ServingBase):
                     index=idx, text=text, logprobs=lp, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                     token_ids=list(c.delta_token_ids) if req.return_token_ids else None, **extra))
         if req.include_usage:
-            yield sse(R.CompletionResponse(id=rid, model=self.model_name, choices=[], usage=usage))
+            yield sse(R.CompletionResponse(id=rid, model=self.model_name, choices=[], usage=usage,
+                                           metrics=self.metrics_of([out] * len(ids), n, usage.completion_tokens)))
         yield "data: [DONE]\n\n"

@@ -1,15 +1,40 @@
-"""``GET /tokenizer_info``: what a client needs to tokenize as the server does (vLLM's route)."""
+"""``GET /tokenizer_info`` (vLLM's route, served only with ``--enable-tokenizer-info-endpoint``: it shows the chat
+template and the tokenizer's settings): what a client needs to tokenize as the server does, in vLLM's shape, the
+tokenizer's own settings (its ``tokenizer_config.json`` as loaded) with its class name and chat template."""
 
 from __future__ import annotations
 
+from tokenizers import AddedToken
 
-def tokenizer_info_of(tokenizer, max_model_len: int) -> dict:
-    """The tokenizer's class, special tokens, chat template and size (400-free: a model without a tokenizer
-    reports nulls)."""
+from minivllm.entrypoints.openai.errors import APIError
+
+# the paths of the tokenizer's files on the server's disk: nothing a client can use
+_FILE_FIELDS = ("vocab_file", "merges_file")
+
+
+def tokenizer_info_of(tokenizer) -> dict:
+    """The tokenizer's settings as JSON (special tokens as their text), ``tokenizer_class`` and ``chat_template``;
+    a 400 for a server without a tokenizer (``--skip-tokenizer-init``)."""
     if tokenizer is None:
-        return {"tokenizer_class": None, "vocab_size": None, "model_max_length": max_model_len, "chat_template": None}
-    special = {name: getattr(tokenizer, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
-    return {"tokenizer_class": type(tokenizer).__name__, "vocab_size": len(tokenizer),
-            "model_max_length": max_model_len, "chat_template": getattr(tokenizer, "chat_template", None),
-            "added_tokens": {str(i): t.content for i, t in sorted(tokenizer.added_tokens_decoder.items())},
-            **{k: (str(v) if v is not None else None) for k, v in special.items()}}
+        raise APIError(400, "this server has no tokenizer (--skip-tokenizer-init): it has no tokenizer info")
+    info = {k: _json_of(v) for k, v in (getattr(tokenizer, "init_kwargs", None) or {}).items()
+            if k not in _FILE_FIELDS}
+    info["tokenizer_class"] = type(tokenizer).__name__
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        info["chat_template"] = template
+    return info
+
+
+def _json_of(value):
+    """A setting as JSON: a special token (``AddedToken``) as its text, containers item by item, other objects as
+    text."""
+    if isinstance(value, AddedToken):
+        return value.content
+    if isinstance(value, dict):
+        return {str(k): _json_of(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_of(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

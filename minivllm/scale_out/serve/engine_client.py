@@ -56,7 +56,7 @@ class ReplicaEngineClient:
         from minivllm.engine.tokenizer import load_tokenizer
 
         info: ModelInfo = await self.engines.model_info.remote()
-        tokenizer = await asyncio.to_thread(load_tokenizer, self.model)
+        tokenizer = None if info.skip_tokenizer_init else await asyncio.to_thread(load_tokenizer, self.model)
         structured = None if tokenizer is None else StructuredOutputManager(
             tokenizer, info.vocab_size, list(info.eos_token_ids), self._so_config)
         self._tokenizer, self._info, self._structured = tokenizer, info, structured
