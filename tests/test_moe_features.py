@@ -187,3 +187,20 @@ def test_two_ray_replicas_give_one_engines_outputs(tiny_moe_model):
         got = llm.generate(PROMPTS[:5], GREEDY)
     assert [(g["token_ids"], g["text"]) for g in got] == [(w["token_ids"], w["text"]) for w in want]
     assert ray_processes() == 0
+
+
+# ------------------------------------------------------------------ engine checks that assumed a dense MLP
+
+def test_tensor_parallel_split_of_dense_mlps_is_checked_only_where_there_are_some():
+    """``intermediate_size`` must split over the ranks where some layer is a dense MLP (a clear error naming
+    it); a MoE model without a dense layer does not use it (Qwen3-30B-A3B)."""
+    from minivllm.config import Config, ParallelConfig
+    from minivllm.config.model import ArchConfig, ModelConfig
+
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    tp4 = ParallelConfig(tensor_parallel_size=4)
+    Config(ModelConfig("m", ArchConfig("Qwen3MoeForCausalLM", 100, 64, 90, 2, 4, 4, 16, **moe)), parallel_config=tp4)
+    for arch in (ArchConfig("Qwen3MoeForCausalLM", 100, 64, 90, 2, 4, 4, 16, mlp_only_layers=[1], **moe),
+                 ArchConfig("Qwen3ForCausalLM", 100, 64, 90, 2, 4, 4, 16)):
+        with pytest.raises(ValueError, match=r"intermediate_size \(90\) must be divisible by tensor_parallel_size"):
+            Config(ModelConfig("m", arch), parallel_config=tp4)
