@@ -51,6 +51,19 @@ def test_fp8_kv_cache_runs_with_a_moe_model(tiny_moe_model):
     assert [len(t) for t in first] == [12] * 4 and first == again
 
 
+def test_checkpoint_kv_scales_load_into_a_moe_models_layers(tiny_moe_model, tmp_path):
+    """vLLM's ``self_attn.k_scale`` / ``v_scale`` in a MoE checkpoint set its attention layers' FP8 cache
+    scales (sparse and dense layers alike), and it generates with them."""
+    from tests.test_fp8_kv_cache import _with_kv_scales
+
+    scales = {"model.layers.0.self_attn.k_scale": 0.25, "model.layers.1.self_attn.v_scale": 2.0}
+    path = _with_kv_scales(tiny_moe_model, tmp_path / "scaled", scales)
+    with LLM(path, kv_cache_dtype="fp8", **KV_KW) as llm:
+        layers = [m.self_attn.attn for m in llm.engine.executor.runner.model.model.layers]
+        assert [a.kv_scales() for a in layers] == [(0.25, 1.0), (1.0, 2.0), (1.0, 1.0)]
+        assert [len(t) for t in _tokens(llm, PROMPTS[:2])] == [12, 12]
+
+
 @pytest.fixture(scope="module")
 def moe_all_experts(tmp_path_factory) -> str:
     """Qwen3-MoE where each token runs all 4 experts: routing weights move smoothly with the input, no expert
