@@ -217,3 +217,20 @@ def test_tensor_parallel_split_of_dense_mlps_is_checked_only_where_there_are_som
                  ArchConfig("Qwen3ForCausalLM", 100, 64, 90, 2, 4, 4, 16)):
         with pytest.raises(ValueError, match=r"intermediate_size \(90\) must be divisible by tensor_parallel_size"):
             Config(ModelConfig("m", arch), parallel_config=tp4)
+
+
+@pytest.mark.slow
+def test_online_fp8_at_tp2_logs_its_line_once(tiny_moe_model, caplog, capfd):
+    """Each tensor-parallel rank builds its own model; rank 0 alone says that the experts stay unquantized (rank
+    0 logs in this process, rank 1 in its worker process, whose stderr is this one's)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="minivllm.layers.quantization"):
+            with LLM(tiny_moe_model, device="cpu", quantization="fp8", tensor_parallel_size=2) as llm:
+                outs = _tokens(llm, PROMPTS[:2])
+    finally:
+        torch.set_num_threads(threads)
+    logged = caplog.text + capfd.readouterr().err
+    assert logged.count("mixture-of-experts layers stay in the model's dtype") == 1, logged
+    assert [len(t) for t in outs] == [12, 12]
