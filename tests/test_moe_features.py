@@ -38,12 +38,15 @@ def _tokens(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
 
 # ------------------------------------------------------------------ FP8 KV cache
 
-def test_fp8_kv_cache_runs_with_a_moe_model(tiny_moe_model):
+@pytest.mark.parametrize("arch", ["qwen3_moe", *(pytest.param(a, marks=pytest.mark.slow) for a in ("mixtral", "olmoe"))])
+def test_fp8_kv_cache_runs_with_a_moe_model(arch, tiny_moe_model, tmp_path):
     """The dense models' criterion (tests/test_fp8_kv_cache.py): an e4m3 cache of a quarter of float32's bytes
-    per block, so four times the blocks in one budget, full-length outputs, the same tokens twice."""
-    with LLM(tiny_moe_model, **KV_KW) as full:
+    per block, so four times the blocks in one budget, full-length outputs, the same tokens twice. Mixtral and
+    OLMoE (whole-projection q/k norms, clip_qkv before the store) in the slow tier."""
+    path = tiny_moe_model if arch == "qwen3_moe" else str(build_moe_checkpoint(tmp_path, arch, seed=1))
+    with LLM(path, **KV_KW) as full:
         blocks_f32 = full.engine.num_kvcache_blocks
-    with LLM(tiny_moe_model, kv_cache_dtype="fp8", **KV_KW) as llm:
+    with LLM(path, kv_cache_dtype="fp8", **KV_KW) as llm:
         assert llm.engine.executor.runner.kv_cache.dtype == FP8
         assert 4 * blocks_f32 <= llm.engine.num_kvcache_blocks < 4 * (blocks_f32 + 1) <= 32 * 16
         first = _tokens(llm, PROMPTS[:4])
