@@ -1,6 +1,7 @@
 """The engine's features on a mixture-of-experts model (issue 38, "everything else works with MoE models"): an
 FP8 KV cache, online FP8 weights, structured outputs, the OpenAI server, ``bench throughput`` and data
-parallelism on Ray, each on a tiny Qwen3-MoE checkpoint on the CPU.
+parallelism on Ray, each on a tiny Qwen3-MoE checkpoint on the CPU; and the tensor-parallel check of the dense
+MLPs' split, which a MoE model without one skips.
 
 ``minivllm serve --data-parallel-size N`` is not repeated here: its replica (``scale_out/serve/replica.py``) runs
 the same engine whatever the model, as ``DataParallelEngine`` does, which the Ray test below covers."""
