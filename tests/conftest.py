@@ -27,6 +27,7 @@ if os.environ.get("TRITON_INTERPRET") is None and not CUDA:
 import pytest  # noqa: E402
 
 from tests.helpers.checkpoints import build_checkpoint  # noqa: E402
+from tests.helpers.moe_checkpoints import build_moe_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +38,12 @@ def tiny_tied_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_untied_model(tmp_path_factory) -> str:
     return str(build_checkpoint(tmp_path_factory.mktemp("tiny-untied"), "untied", seed=1))
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model(tmp_path_factory) -> str:
+    """A tiny Qwen3-MoE checkpoint (8 experts, top-2, a dense layer between sparse ones) with the tiny tokenizer."""
+    return str(build_moe_checkpoint(tmp_path_factory.mktemp("tiny-moe"), "qwen3_moe", seed=0))
 
 
 @pytest.fixture(params=["tied", "untied"])

@@ -29,10 +29,11 @@ FAST_FIRST = [ARCHS[0], *(pytest.param(a, marks=SLOW) for a in ARCHS[1:])]
 
 
 @pytest.fixture(scope="module")
-def moe_models(tmp_path_factory) -> dict[str, str]:
-    """One tiny checkpoint per architecture (seeded; several expert counts and top-k, see ``MOE_SHAPES``)."""
-    return {arch: str(build_moe_checkpoint(tmp_path_factory.mktemp(arch), arch, seed=i))
-            for i, arch in enumerate(ARCHS)}
+def moe_models(tmp_path_factory, tiny_moe_model) -> dict[str, str]:
+    """One tiny checkpoint per architecture (seeded; several expert counts and top-k, see ``MOE_SHAPES``);
+    Qwen3-MoE's is the session's ``tiny_moe_model`` (seed 0)."""
+    return {arch: tiny_moe_model if arch == "qwen3_moe" else str(build_moe_checkpoint(
+        tmp_path_factory.mktemp(arch), arch, seed=i)) for i, arch in enumerate(ARCHS)}
 
 
 def _routed_experts(llm: LLM) -> tuple[dict[str, set[int]], list]:

@@ -1,7 +1,8 @@
 """One rank's shapes as a model of its own: time what a tensor-parallel rank computes, on one GPU.
 
-At ``tensor_parallel_size=k`` each rank holds 1/k of the query heads, of the MLP and of the vocabulary,
-and ``max(1, kv_heads / k)`` KV heads (replicated when there are fewer than ranks). A config with those
+At ``tensor_parallel_size=k`` each rank holds 1/k of the query heads, of the MLP (of every expert's intermediate
+dimension in a mixture of experts, all experts on every rank) and of the vocabulary, and ``max(1, kv_heads / k)``
+KV heads (replicated when there are fewer than ranks). A config with those
 shapes, run at TP=1, does a rank's compute with no all-reduces, no waits for the other ranks and no
 broadcast of the step's inputs; the TP=k run's extra time over it is what tensor parallelism costs.
 ``tp_scaling.py --rank-proxy`` runs it next to each TP size and prints :func:`overhead_table`.
@@ -20,15 +21,19 @@ def rank_config(config: dict, tp: int) -> dict:
     """The ``config.json`` dict of one rank's shapes at ``tp`` ranks (the model's own config otherwise)."""
     heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
     inter, vocab = config["intermediate_size"], config["vocab_size"]
-    for name, n in (("num_attention_heads", heads), ("intermediate_size", inter), ("vocab_size", vocab)):
+    # Qwen3-MoE's experts have their own size (Mixtral's and OLMoE's are ``intermediate_size``)
+    split = {"num_attention_heads": heads, "intermediate_size": inter, "vocab_size": vocab,
+             **({"moe_intermediate_size": config["moe_intermediate_size"]} if config.get("moe_intermediate_size")
+                else {})}
+    for name, n in split.items():
         if n % tp:
             raise ValueError(f"{name} = {n} does not split over {tp} ranks")
     if kv_heads >= tp and kv_heads % tp:
         raise ValueError(f"num_key_value_heads = {kv_heads} does not split over {tp} ranks")
     out = dict(config)
-    out.update(num_attention_heads=heads // tp, num_key_value_heads=max(1, kv_heads // tp),
-               intermediate_size=inter // tp, vocab_size=vocab // tp,
-               bos_token_id=vocab // tp - 2, eos_token_id=vocab // tp - 1)
+    out.update({name: n // tp for name, n in split.items()})
+    out.update(num_key_value_heads=max(1, kv_heads // tp), bos_token_id=vocab // tp - 2,
+               eos_token_id=vocab // tp - 1)
     if "head_dim" not in config:  # NOTE: the HF default derives it from hidden / heads, which changed
         out["head_dim"] = config["hidden_size"] // heads
     out["_note"] = (f"not a real model: one rank's shapes at tensor_parallel_size={tp} "

@@ -45,6 +45,21 @@ def test_rank_config_replicates_kv_heads_and_keeps_head_dim():
         rank_config({**cfg, "num_key_value_heads": 6}, 4)
 
 
+def test_rank_config_of_a_moe_model_splits_every_expert():
+    """Qwen3-30B-A3B at TP=2: each rank holds every expert, with half of its intermediate dimension; the expert
+    count and top-k stay."""
+    cfg = _config("qwen3-30b-a3b")
+    got = rank_config(cfg, 2)
+    assert (got["moe_intermediate_size"], got["intermediate_size"]) == (384, cfg["intermediate_size"] // 2)
+    assert (got["num_experts"], got["num_experts_per_tok"]) == (128, 8)
+    with pytest.raises(ValueError, match="moe_intermediate_size = 768 does not split over 5 ranks"):
+        rank_config({**cfg, "num_attention_heads": 40, "intermediate_size": 6400, "vocab_size": 151680}, 5)
+    mixtral = rank_config({"num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                           "vocab_size": 32000, "hidden_size": 4096, "num_local_experts": 8}, 4)
+    assert (mixtral["intermediate_size"], mixtral["num_local_experts"]) == (3584, 8)
+    assert "moe_intermediate_size" not in mixtral
+
+
 def test_overhead_table():
     tp = {"tp": 2, "throughput_elapsed_s": 9.0, "step_breakdown": [
         {"kind": "with prefill", "steps": 9, "seconds": 1.8}, {"kind": "decode 1-16 rows", "steps": 50, "seconds": 0.2}]}

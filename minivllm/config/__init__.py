@@ -60,6 +60,10 @@ class Config:
         if arch.num_attention_heads % tp:
             raise ValueError(f"num_attention_heads ({arch.num_attention_heads}) must be divisible by "
                              f"tensor_parallel_size ({tp})")
+        dense_mlp = any(not arch.is_moe_layer(i) for i in range(arch.num_hidden_layers))
+        if dense_mlp and arch.intermediate_size % tp:  # NOTE: unused by a MoE model with no dense layer
+            raise ValueError(f"intermediate_size ({arch.intermediate_size}) must be divisible by "
+                             f"tensor_parallel_size ({tp}): each rank holds a slice of every dense MLP")
         if arch.is_moe and arch.moe_intermediate_size % tp:
             raise ValueError(f"moe_intermediate_size ({arch.moe_intermediate_size}) must be divisible by "
                              f"tensor_parallel_size ({tp}): each rank holds a slice of every expert")

@@ -18,23 +18,24 @@ def apply_quantization(model: nn.Module, config: Fp8Config | None, checkpoint_we
     """Give every linear layer of the decoder (not the embedding, the LM head or a MoE router) ``config``'s FP8
     method, with FP8 parameters to load into when the weights come from an FP8 checkpoint (``checkpoint_weights``).
 
-    The experts of a mixture of experts stay in the model's dtype (a line in the log says so)."""
+    The experts of a mixture of experts stay in the model's dtype (one line in the log says so, at any TP size)."""
     if config is None:
         return
     from minivllm.layers.fused_moe import FusedMoE
     from minivllm.layers.linear import LinearBase
 
     method = Fp8LinearMethod(config)
-    num_moe = 0
+    moe = []
     for module in model.modules():
         if isinstance(module, LinearBase) and module.quantizable:
             module.quant_method = method
             if config.from_checkpoint and checkpoint_weights:
                 method.create_weights(module)
-        num_moe += isinstance(module, FusedMoE)
-    if num_moe:
+        if isinstance(module, FusedMoE):
+            moe.append(module)
+    if moe and moe[0].tp_rank == 0:  # NOTE: each tensor-parallel rank builds its model: one line, rank 0's
         logger.warning("FP8: the experts of the %d mixture-of-experts layers stay in the model's dtype (FP8 experts "
-                       "are not supported yet); attention and dense layers run in FP8", num_moe)
+                       "are not supported yet); attention and dense layers run in FP8", len(moe))
 
 
 def process_weights_after_loading(model: nn.Module) -> None:
