@@ -185,8 +185,11 @@ class ChatMessage(BaseModel):
 
     def to_template(self) -> dict[str, Any]:
         """The message as the chat template expects it: text parts joined, and the arguments of an assistant's
-        ``tool_calls`` as objects (OpenAI sends them as JSON text; templates write them out as JSON)."""
+        ``tool_calls`` as objects (OpenAI sends them as JSON text; templates write them out as JSON), and the
+        deprecated ``reasoning_content`` under its vLLM 0.33 name ``reasoning``."""
         d = self.model_dump(exclude_none=True)
+        if "reasoning_content" in d:
+            d.setdefault("reasoning", d.pop("reasoning_content"))
         calls = d.get("tool_calls")
         if calls is not None:
             d["tool_calls"] = [_template_call(c) for c in calls] if isinstance(calls, list) else calls
@@ -227,6 +230,9 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    include_reasoning: bool = True
+    """vLLM's: false leaves the reasoning (``--reasoning-parser``) out of the response; its tokens still count in
+    ``usage.completion_tokens_details.reasoning_tokens``."""
 
     @property
     def effective_tool_choice(self) -> ToolChoice:
