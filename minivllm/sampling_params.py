@@ -41,6 +41,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    # False: a random request of an engine with a watermark (``--watermark-config``) samples without it; None
+    # (the default) and True: with it (vLLM's)
+    watermarking: bool | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
     ignore_eos: bool = False

@@ -44,6 +44,9 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
    key from the batch generator).
    With tensor parallelism such steps can sample each rank's vocabulary slice where it lies
    (``minivllm.sample.sharded``; the same tokens).
+   **Watermark** (``--watermark-config``, ``minivllm.sample.watermark``): a watermarked row takes
+   ``token = argmax(l + G)`` after steps 5-8 instead, with Gumbel noise ``G`` keyed by the watermark's key and
+   the row's last generated tokens (the same distribution; the unfused path).
 
 Logprobs are ``log_softmax`` of the RAW logits (before 1-8) at the sampled token, and the top
 ``max_num_logprobs`` alternatives of that same distribution, sorted descending; a row with
@@ -65,6 +68,7 @@ from minivllm.sample.logits_processors import (
 )
 from minivllm.sample.metadata import SamplingMetadata, _to_device
 from minivllm.sample.token_edits import apply_token_edits
+from minivllm.sample.watermark import gumbel_watermark_sample
 
 
 @dataclass
@@ -136,7 +140,7 @@ class Sampler(nn.Module):
         modifies = (md.banned_rows is not None or md.edits is not None or not md.no_penalties
                     or md.grammar_rows is not None)
         fused = (self.fused and not md.all_greedy
-                 and md.no_top_k and md.no_top_p and md.no_min_p)
+                 and md.no_top_k and md.no_top_p and md.no_min_p and md.watermark_rows is None)
         if (md.all_greedy or fused) and not modifies:
             x = logits  # argmax, or the fused pass that reads the logits once: no copy
         else:
@@ -162,6 +166,8 @@ class Sampler(nn.Module):
                 x = apply_min_p(x, md)
                 probs = torch.softmax(x, dim=-1)
                 sampled = _exponential_race(probs, md)
+                if md.watermark_rows is not None:
+                    sampled[md.watermark_rows] = gumbel_watermark_sample(x[md.watermark_rows], md.watermark_keys)
             if greedy is not None:
                 sampled = torch.where(md.greedy_mask, greedy, sampled)
 

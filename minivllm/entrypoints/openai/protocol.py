@@ -118,6 +118,7 @@ class SamplingRequest(BaseModel):
     # vLLM's beam search (``beam_search.py``): the n best of best_of (default n) beams
     use_beam_search: bool = False
     length_penalty: float = 1.0
+    watermarking: bool | None = None  # false: sample without the server's --watermark-config (vLLM's)
 
     @property
     def include_usage(self) -> bool:
@@ -162,7 +163,7 @@ class SamplingRequest(BaseModel):
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side or "left",
-            structured_outputs=structured_outputs)
+            structured_outputs=structured_outputs, watermarking=self.watermarking)
 
 
 class CompletionRequest(SamplingRequest):
