@@ -218,6 +218,33 @@ def test_reasoning_field_include_reasoning_and_reasoning_tokens(server, stream):
         assert 0 < n < usage["completion_tokens"], usage
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_thinking_token_budget_with_the_markers_of_the_reasoning_parser(server, stream):
+    """--reasoning-parser qwen3 gives the engine its markers (as vLLM's derived --reasoning-config): a prompt
+    that opens <think> gets exactly the budget's tokens of reasoning, then </think>, streamed or not."""
+    def ids(text):
+        return httpx.post(server.url + "/tokenize", json={"model": "demo", "prompt": text,
+                                                           "add_special_tokens": False}).json()["tokens"]
+    start, end = ids("<think>"), ids("</think>")
+    prompt = ids("Question: what is 1+1?\nAnswer: ") + start
+    for budget in (2, 6):
+        body = {"model": "demo", "prompt": prompt, "max_tokens": 30, "temperature": 0, "return_token_ids": True,
+                "thinking_token_budget": budget, "stream": stream}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        if stream:
+            chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            out = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids") or []]
+        else:
+            out = r.json()["choices"][0]["token_ids"]
+        n = len(end)
+        first_end = next(j for j in range(len(out) - n + 1) if out[j:j + n] == end)
+        assert first_end == budget, (budget, out)
+    r = httpx.post(server.url + "/v1/completions", timeout=30, json={
+        "model": "demo", "prompt": "x", "max_tokens": 2, "thinking_token_budget": -3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget", r.text
+
+
 def test_an_assistant_messages_reasoning_content_is_read_as_reasoning(server):
     """vLLM 0.33 renames the deprecated ``reasoning_content`` of a message to ``reasoning`` for the template."""
     template = ("{%- for m in messages %}{{- m['role'] + ':' + (m['reasoning'] if m['reasoning'] is defined else '-')"

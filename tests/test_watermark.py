@@ -175,7 +175,7 @@ def test_detection_of_watermarked_tokens_and_not_of_others():
 
 
 @pytest.mark.parametrize("value, match", [
-    ('{"algorithm": "gumbel"}', "needs a key"),
+    ('{"algorithm": "gumbel"}', "watermark_config needs key"),
     ('{"key": 1, "algorithm": "sbw"}', "algorithm must be one of"),
     ('{"key": -1}', r"key must be an integer in \[0, 2\*\*64\)"),
     ('{"key": 1, "colour": 2}', "unknown key.*colour"),

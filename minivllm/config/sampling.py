@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from minivllm.config.fields import arg, at_least
+from minivllm.config.fields import arg, at_least, json_config
+from minivllm.config.reasoning import ReasoningConfig
 
 #: the keys of ``--watermark-config`` this engine implements (vLLM's names)
 WATERMARK_ALGORITHMS = ("gumbel",)
@@ -52,23 +52,8 @@ class WatermarkConfig:
 
     @classmethod
     def of(cls, value: WatermarkConfig | dict | str) -> WatermarkConfig:
-        """From a config, a dict or its JSON text (the flag's value); ValueError naming an unknown key."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise ValueError(f"watermark_config must be a JSON object: {exc}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"watermark_config must be a JSON object, got {value!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"watermark_config: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        if "key" not in value:
-            raise ValueError("watermark_config needs a key (the secret integer)")
-        return cls(**value)
+        """From a config, a dict or its JSON text (the flag's value)."""
+        return json_config(cls, value, "watermark_config", required=("key",))
 
     def history(self) -> int:
         """How many of a sequence's newest generated tokens its sampling reads: its context, and the contexts
@@ -82,7 +67,8 @@ class WatermarkConfig:
 
 @dataclass
 class SamplingConfig:
-    """Engine-wide sampling: ``watermark_config`` (None: no watermark)."""
+    """Engine-wide sampling: ``watermark_config`` (None: no watermark) and ``reasoning_config`` (the markers of
+    a thinking model's reasoning, for ``thinking_token_budget``; None: none)."""
 
     watermark_config: str | dict | WatermarkConfig | None = arg(
         None, "watermark the sampled text, as vLLM's flag: a JSON object such as "
@@ -91,6 +77,14 @@ class SamplingConfig:
               "none; deduplicate_contexts_max_history: 8192). Random rows are watermarked, greedy ones are not; "
               "a request opts out with watermarking: false")
 
+    reasoning_config: str | dict | ReasoningConfig | None = arg(
+        None, "where a thinking model's reasoning starts and ends, as vLLM's flag: a JSON object such as "
+              "'{\"reasoning_start_str\": \"<think>\", \"reasoning_end_str\": \"</think>\"}'; a request's "
+              "thinking_token_budget caps the tokens between them. minivllm serve derives it from "
+              "--reasoning-parser when not given")
+
     def __post_init__(self) -> None:
         if self.watermark_config is not None:
             self.watermark_config = WatermarkConfig.of(self.watermark_config)
+        if self.reasoning_config is not None:
+            self.reasoning_config = ReasoningConfig.of(self.reasoning_config)

@@ -48,6 +48,8 @@ class ScheduledRow(NamedTuple):
     # prompt token p + 1 (``targets``, in order) and its k most likely alternatives (-1: all of them); None: no
     # prompt logprobs
     prompt_logprobs: tuple[int, tuple[int, ...]] | None = None
+    # the token a sampled row must take (``thinking_token_budget`` forcing the end of its reasoning); None: free
+    forced_token: int | None = None
 
 
 class SchedulerOutput(NamedTuple):

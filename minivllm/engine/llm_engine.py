@@ -113,7 +113,7 @@ class LLMEngine:
                            request_id=f"{request_id}-{i}" if params.n > 1 else request_id,
                            prompt_logprobs=params.prompt_logprobs if i == 0 else None,
                            bad_words_token_ids=request.bad_words_token_ids,
-                           watermark_history=self._watermark_history(p))
+                           watermark_history=self._watermark_history(p), thinking_budget=request.thinking_budget)
             req.seqs.append(seq)
             req.detoks.append(IncrementalDetokenizer(
                 self.tokenizer, request.prompt_token_ids, skip_special_tokens=p.skip_special_tokens,

@@ -62,6 +62,9 @@ class SamplingMetadata:
     # the random rows sampled under the watermark (``sample/watermark.py``) and their 64-bit PRF keys; None: none
     watermark_rows: torch.Tensor | None = None  # [W] int64
     watermark_keys: torch.Tensor | None = None  # [W] int64
+    # the rows whose token is forced (``thinking_token_budget`` ending the reasoning) and that token; None: none
+    forced_rows: torch.Tensor | None = None  # [F] int64
+    forced_ids: torch.Tensor | None = None  # [F] int64
     # --- randomness ---
     seeded: list[tuple[int, torch.Generator]] = field(default_factory=list)  # (row, generator)
     seeded_keys: list[tuple[int, int]] = field(default_factory=list)  # (row, 63-bit key of seed and step)
@@ -132,6 +135,7 @@ def build_sampling_metadata(
     num_generated: Sequence[int] | None = None,
     penalty_tensors: tuple[torch.Tensor, torch.Tensor | None] | None = None,
     watermark: WatermarkConfig | None = None,
+    forced_tokens: Sequence[int | None] | None = None,
 ) -> SamplingMetadata:
     """Build the per-step metadata for ``len(params)`` rows (row ``i`` = ``params[i]``).
 
@@ -146,7 +150,8 @@ def build_sampling_metadata(
     token ids (None: no row has any). ``penalty_tensors``: ``(output_counts [B, V] float32, prompt_mask [B, V]
     bool or None)``, kept on the device by the runner (``minivllm.sample.penalties``). ``watermark``: the
     engine's (None: none); its random rows read their context from ``output_token_ids`` (which must then hold
-    ``WatermarkConfig.history()`` newest tokens, or all).
+    ``WatermarkConfig.history()`` newest tokens, or all). ``forced_tokens[i]``: the token row ``i`` must take
+    (None: free; the list None: no row has one).
     """
     device = torch.device(device)
     batch = len(params)
@@ -254,6 +259,10 @@ def build_sampling_metadata(
         md.grammar_bitmask = (mask.pin_memory().to(device, non_blocking=True) if device.type == "cuda"
                               else mask.to(device))
 
+    if forced_tokens is not None and any(t is not None for t in forced_tokens):
+        forced = [(i, t) for i, t in enumerate(forced_tokens) if t is not None and 0 <= t < V]
+        md.forced_rows = _to_device([i for i, _ in forced], torch.int64, device)
+        md.forced_ids = _to_device([t for _, t in forced], torch.int64, device)
     if watermark is not None and not all_greedy:
         _add_watermark(md, watermark, params, greedy, output_token_ids, num_generated, device)
     if not all_greedy:

@@ -21,6 +21,9 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
 
        l[t] = l[t] - f * count_out[t] - p * (count_out[t] > 0)
 
+   Then a row whose token is **forced** (a spent ``thinking_token_budget`` ending the reasoning) keeps only
+   that token: ``l[t] = -inf`` for every other ``t``, ``l[forced] = 0``.
+
 4. **greedy rows** (``temperature < 1e-5``): ``token = argmax(l)`` (after 1-3; 5-8 do not apply).
 5. **temperature** ``T``: ``l = l / T``.
 6. **top-k** ``k``: keep ``t`` iff ``l[t] >= kth_largest(l)`` (tokens tied with the k-th value
@@ -138,7 +141,7 @@ class Sampler(nn.Module):
             raise ValueError("metadata vocab_size does not match the logits width")
 
         modifies = (md.banned_rows is not None or md.edits is not None or not md.no_penalties
-                    or md.grammar_rows is not None)
+                    or md.grammar_rows is not None or md.forced_rows is not None)
         fused = (self.fused and not md.all_greedy
                  and md.no_top_k and md.no_top_p and md.no_min_p and md.watermark_rows is None)
         if (md.all_greedy or fused) and not modifies:
@@ -150,6 +153,9 @@ class Sampler(nn.Module):
                 self._apply_grammar(x, md.grammar_rows, md.grammar_bitmask)
             x = apply_bans(x, md)
             x = apply_penalties(x, md)
+            if md.forced_rows is not None:  # every other token of a forced row is out
+                x[md.forced_rows] = float("-inf")
+                x[md.forced_rows, md.forced_ids] = 0.0
 
         if md.all_greedy:
             sampled = torch.argmax(x, dim=-1)

@@ -320,7 +320,8 @@ class ModelRunner:
             grammar=(grammar.rows, grammar.bitmask) if grammar is not None else None,
             bad_words=fwd.bad_words,
             num_generated=[s.num_output_tokens for s in rows],
-            penalty_tensors=self.penalties.gather(seq_ids) if penalized else None, watermark=self.watermark)
+            penalty_tensors=self.penalties.gather(seq_ids) if penalized else None, watermark=self.watermark,
+            forced_tokens=[s.forced_token for s in rows] if any(s.forced_token is not None for s in rows) else None)
         res = self.sampler(fwd.logits, meta)
         if self.penalties.rows:
             self.penalties.record(seq_ids, res.sampled_token_ids)

@@ -119,6 +119,9 @@ class SamplingRequest(BaseModel):
     use_beam_search: bool = False
     length_penalty: float = 1.0
     watermarking: bool | None = None  # false: sample without the server's --watermark-config (vLLM's)
+    # vLLM's: at most this many tokens of reasoning, then its end is forced (-1: no cap; needs --reasoning-config
+    # or --reasoning-parser)
+    thinking_token_budget: int | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -163,7 +166,8 @@ class SamplingRequest(BaseModel):
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side or "left",
-            structured_outputs=structured_outputs, watermarking=self.watermarking)
+            structured_outputs=structured_outputs, watermarking=self.watermarking,
+            thinking_token_budget=self.thinking_token_budget)
 
 
 class CompletionRequest(SamplingRequest):

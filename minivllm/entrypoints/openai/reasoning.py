@@ -109,6 +109,8 @@ class Qwen3ReasoningParser:
     """Splits Qwen3 (and QwQ / DeepSeek-R1-style) ``<think>`` output into reasoning and content (module
     docstring: the rules)."""
 
+    reasoning_start_str, reasoning_end_str = THINK_OPEN, THINK_CLOSE  # the markers (``--reasoning-config``)
+
     def extract(self, text: str, *, thinking: bool | None = None) -> tuple[str | None, str | None]:
         """``(reasoning, content)`` of a whole output; ``None`` for a blank part."""
         if thinking is False:
@@ -168,3 +170,13 @@ def _first_prefix(token_ids: list[int], decode: Callable[[list[int]], str], hold
 
 #: ``--reasoning-parser`` names (vLLM's) to parser classes
 REASONING_PARSERS = {"qwen3": Qwen3ReasoningParser}
+
+
+def with_reasoning_markers(engine_kwargs: dict, reasoning_parser: str | None) -> dict:
+    """``engine_kwargs`` with ``reasoning_config`` (for ``thinking_token_budget``) taken from the reasoning
+    parser's markers where the user did not give one, as vLLM derives it."""
+    if reasoning_parser is None or engine_kwargs.get("reasoning_config") is not None:
+        return engine_kwargs
+    parser = REASONING_PARSERS[reasoning_parser]
+    return {**engine_kwargs, "reasoning_config": {"reasoning_start_str": parser.reasoning_start_str,
+                                                  "reasoning_end_str": parser.reasoning_end_str}}
