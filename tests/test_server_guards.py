@@ -222,3 +222,34 @@ def test_python_api_names_the_parameter(tiny_tied_model):
         with pytest.raises(ValueError, match="^prompt is not valid Unicode"):
             llm.generate(["fine", "bad \ud800"], SamplingParams(max_tokens=2), use_tqdm=False)
         assert llm.generate("fine", SamplingParams(max_tokens=2), use_tqdm=False)[0]["token_ids"]
+
+
+def test_the_key_guards_the_routes_under_the_root_path_too():
+    """With --root-path /llm the routes answer at /llm/v1/... as at /v1/... (as vLLM): the key check must see
+    the route's path, or /llm/v1/... would pass unchecked."""
+    import asyncio
+
+    from minivllm.entrypoints.openai.guards import RequestGuard, route_path
+
+    assert route_path({"path": "/llm/v1/models", "root_path": "/llm"}) == "/v1/models"
+    assert route_path({"path": "/v1/models", "root_path": "/llm"}) == "/v1/models"
+    assert route_path({"path": "/llmx/v1/models", "root_path": "/llm"}) == "/llmx/v1/models"
+    assert route_path({"path": "/v1/models"}) == "/v1/models"
+
+    async def call(path: str, headers: list) -> int:
+        sent, reached = [], []
+
+        async def app(scope, receive, send):
+            reached.append(scope["path"])
+
+        async def send(message):
+            sent.append(message)
+
+        guard = RequestGuard(app, ["k"], 1024)
+        await guard({"type": "http", "path": path, "root_path": "/llm", "headers": headers}, None, send)
+        return sent[0]["status"] if sent else 200
+
+    for path in ("/v1/models", "/llm/v1/models", "/llm/tokenize"):
+        assert asyncio.run(call(path, [])) == 401, path
+        assert asyncio.run(call(path, [(b"authorization", b"Bearer k")])) == 200, path
+    assert asyncio.run(call("/llm/health", [])) == 200
