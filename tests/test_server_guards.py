@@ -209,6 +209,14 @@ def test_wrong_types_and_out_of_range_values_get_400(server, body):
     _error(_post(server, "/v1/completions", body), 400)
 
 
+@pytest.mark.parametrize("seed, kind", [(2**63, "less_than_equal"), (-(2**63) - 1, "greater_than_equal")])
+def test_a_seed_outside_int64_is_a_400_with_pydantics_error_type(server, seed, kind):
+    """vLLM's message carries the validation error's type, which clients (and vLLM's tests) match on."""
+    err = _error(_post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                         "seed": seed}), 400, "seed")
+    assert f"[type={kind}]" in err["message"], err
+
+
 @pytest.mark.parametrize("extra", [{"top_k": 2**70}, {"temperature": 1e308}])
 def test_huge_but_valid_values_are_served(server, extra):
     r = _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2, **extra})

@@ -150,11 +150,11 @@ def test_truncate_prompt_tokens_keeps_the_last_ones(server):
 
 
 def test_cached_tokens_come_from_the_prefix_cache(server):
-    """With --enable-prompt-tokens-details, as vLLM: the prefix-cache hits when there are any, null when none."""
+    """With --enable-prompt-tokens-details, as vLLM 0.33: the prefix-cache hits, 0 when there are none."""
     prompt = [300 + i for i in range(70)]
     first = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1})["usage"]
     second = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1})["usage"]
-    assert first["prompt_tokens_details"] is None
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
     assert second["prompt_tokens_details"] == {"cached_tokens": 64}  # four full blocks of 16
     *chunks, last = sse_events(server, "/v1/completions", {"prompt": prompt, "max_tokens": 2,
                                                            "stream_options": {"include_usage": True,
@@ -165,7 +165,8 @@ def test_cached_tokens_come_from_the_prefix_cache(server):
                                                  "max_tokens": 1})
     again = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "def add(a, b): " * 12}],
                                                   "max_tokens": 1})
-    assert chat["usage"]["prompt_tokens_details"] is None and again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert chat["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 # ------------------------------------------------------------------ streaming usage

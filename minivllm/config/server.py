@@ -54,8 +54,8 @@ class ServerConfig:
     enable_force_include_usage: bool = arg(False, "usage in every chunk of every stream, and a last chunk with "
                                                   "it, whether or not the request asked (stream_options)")
     enable_prompt_tokens_details: bool = arg(False, "report usage.prompt_tokens_details.cached_tokens, the prompt "
-                                                    "tokens read from the prefix cache, when there are any (without "
-                                                    "it, or with none, prompt_tokens_details is null, as in vLLM)")
+                                                    "tokens read from the prefix cache, 0 included (without it, "
+                                                    "prompt_tokens_details is null, as in vLLM)")
     enable_server_load_tracking: bool = arg(False, "count the completion and chat requests in flight, for GET "
                                                    "/load ({\"server_load\": N}; 0 without it)")
     autoscale_max_replicas: int | None = arg(None, "with --data-parallel-size N: let Ray Serve add engine replicas, "

@@ -56,7 +56,8 @@ def _validation_error(exc: RequestValidationError):
     def where(e) -> str:
         return ".".join(str(x) for x in e.get("loc", ()) if x != "body")
 
-    msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')}" for e in errors[:5])
+    # each with pydantic's error type (``greater_than_equal``...), which vLLM's message carries and clients match
+    msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')} [type={e.get('type')}]" for e in errors[:5])
     return error_json(APIError(400, msg or "invalid request", param=(where(errors[0]) or None) if errors else None))
 
 

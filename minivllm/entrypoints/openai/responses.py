@@ -41,10 +41,9 @@ class UsageInfo(BaseModel):
         return usage
 
     def set_cached_tokens(self, cached_tokens: int) -> None:
-        """``prompt_tokens_details.cached_tokens``: only where the server reports them and there are some; null
-        otherwise, as vLLM."""
-        report = self._report_cached and cached_tokens > 0
-        self.prompt_tokens_details = PromptTokensDetails(cached_tokens=cached_tokens) if report else None
+        """``prompt_tokens_details.cached_tokens`` where the server reports them (``--enable-prompt-tokens-details``),
+        0 included; null otherwise, as vLLM 0.33."""
+        self.prompt_tokens_details = PromptTokensDetails(cached_tokens=cached_tokens) if self._report_cached else None
 
 
 class PromptLogprob(BaseModel):

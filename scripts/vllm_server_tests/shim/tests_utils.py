@@ -32,7 +32,6 @@ DROPPED_FLAGS: dict[str, tuple[int | str, str]] = {
     "--dtype": (1, "hardware: the CPU computes in float32; vLLM's tests pick half precision for GPU memory"),
     "--trust-remote-code": (0, "the demo checkpoint has no remote code"),
     "--structured-outputs-config.backend": (1, "vLLM's choice among its grammar backends; minivllm has one"),
-    "--enable-prompt-tokens-details": (0, "minivllm always reports usage.prompt_tokens_details"),
     "--runner": (1, "selects an embedding model's pooling runner; only the middleware tests of such a "
                     "server run, and they use no model output"),
     "--enable-lora": (0, "LoRA is excluded; the LoRA tests of the module are deselected"),
