@@ -161,9 +161,21 @@ def test_slow_clients_are_closed(server):
             assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
 
 
+def _rejections(server) -> dict[str, float]:
+    """``vllm:admission_rejections_total`` by reason, from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+    return {s.labels["reason"]: s.value for f in families if f.name == "vllm:admission_rejections"
+            for s in f.samples if s.name.endswith("_total")}
+
+
 def test_too_many_waiting_get_429_with_retry_after(server):
-    """One sequence runs (max_num_seqs 1), four may wait (max_num_waiting 4): the next one gets 429."""
+    """One sequence runs (max_num_seqs 1), four may wait (max_num_waiting 4): the next one gets 429, counted in
+    vLLM's vllm:admission_rejections_total{reason="max_num_queued_reqs"}."""
     server.wait_idle()
+    before = _rejections(server)
+    assert set(before) == {"max_num_queued_reqs", "max_num_queued_tokens"}, before
     long = {"prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True}
     with httpx.Client(headers=AUTH, timeout=30) as c:
         streams = [c.stream("POST", server.url + "/v1/completions", json=long) for _ in range(5)]
@@ -174,6 +186,9 @@ def test_too_many_waiting_get_429_with_retry_after(server):
             _error(r, 429, None, "too_many_waiting_requests")
             assert r.headers["retry-after"] == "1"
             _error(_post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}), 429)
+            after = _rejections(server)
+            assert after["max_num_queued_reqs"] == before["max_num_queued_reqs"] + 2, after
+            assert after["max_num_queued_tokens"] == before["max_num_queued_tokens"], after
         finally:
             for s in streams:
                 s.__exit__(None, None, None)

@@ -203,6 +203,10 @@ class AsyncLLM:
         self.check_usable()
         waiting = self._worker.num_waiting
         if self.max_num_waiting is not None and waiting + params.n > self.max_num_waiting:
+            for sl in tuple(self.stat_loggers):
+                record = getattr(sl, "on_admission_rejection", None)
+                if record is not None:
+                    record("max_num_queued_reqs")
             raise EngineOverloadedError(f"{waiting} sequences are waiting for the engine (at most "
                                         f"{self.max_num_waiting}): try again later")
         request_id = request_id or uuid.uuid4().hex

@@ -57,6 +57,10 @@ class StatLogger(Protocol):
     def on_abort(self, request_id: str, now: float) -> None:
         """A request that was in the engine was aborted."""
 
+    def on_admission_rejection(self, reason: str) -> None:
+        """A request was refused by a queue limit (vLLM's reason: ``max_num_queued_reqs``); optional, on the
+        event loop."""
+
 
 class OutputStream(Protocol):
     """One request's outputs as an async iterator; each output carries that step's deltas, and iteration ends

@@ -23,6 +23,9 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
                    10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
+#: vLLM's reasons a queue limit refuses a request (``vllm:admission_rejections_total``); this server's one limit,
+#: ``--max-num-waiting`` (sequences), is the first
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 #: vLLM's finish reasons: each ``vllm:request_success`` series exists from the start, at 0 (a dashboard's
 #: ``rate()`` of aborts reads 0, not "no data"); this engine ends requests with the first three
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -78,6 +81,10 @@ class PrometheusStatLogger:
                         registry=r)
         self.waiting_capacity = waiting.labels(model_name, "capacity")
         waiting.labels(model_name, "deferred")  # stays 0
+        self._rejections = Counter("vllm:admission_rejections", "Requests refused by a queue limit (429), by "
+                                   "reason.", names + ["reason"], registry=r)
+        for reason in ADMISSION_REASONS:  # each series exists from the start, at 0
+            self._rejections.labels(model_name, reason)
         self._load: dict[str, float] = {"kv_cache_usage_perc": 0.0, "num_requests_waiting": 0.0}
         self._model = model_name
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first generated token.")
@@ -156,6 +163,10 @@ class PrometheusStatLogger:
         for key in [k for k in self._last_token if k[0] == request_id]:
             del self._last_token[key]
         self._success.labels(self._model, "abort").inc()
+
+    def on_admission_rejection(self, reason: str) -> None:
+        """Count a request refused by a queue limit (``reason``: one of ``ADMISSION_REASONS``)."""
+        self._rejections.labels(self._model, reason).inc()
 
     def load_report(self) -> dict[str, float]:
         """The ORCA load report's named metrics (vLLM's: KV cache usage and waiting requests) after the latest
