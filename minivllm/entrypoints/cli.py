@@ -46,8 +46,10 @@ def _serve(args: argparse.Namespace) -> int:
             from minivllm.scale_out.serve.app import run_ray_server
 
             return run_ray_server(args.model, kwargs, config)
+        from minivllm.config import Config
         from minivllm.entrypoints.openai.api_server import run_server
 
+        Config.create(args.model, **kwargs)  # a bad engine flag: one line now, not a failed engine thread later
         return run_server(args.model, kwargs, config)
     except ValueError as exc:  # a bad flag: the message names it
         sys.exit(f"minivllm: {exc}")
