@@ -208,13 +208,15 @@ def test_the_engines_random_outputs_carry_the_watermark():
 
     config = {"key": 42, "deduplicate_contexts": "none"}
     llm = LLM(str(DEMO), device="cpu", watermark_config=config)
-    prompts = ["def parse(text):\n", "import os\n\n", "class Config:\n"]
-    first = llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=48), use_tqdm=False)
-    again = llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=48, seed=9), use_tqdm=False)
+    # prompts whose continuations are not memorized: the watermark shows where the model has a choice
+    prompts = ["x = ", "# ", "import "]
+    first = llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True), use_tqdm=False)
+    again = llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True, seed=9),
+                         use_tqdm=False)
     assert [o["token_ids"] for o in first] == [o["token_ids"] for o in again]  # the key decides, not the seed
     wm = WatermarkConfig(**config)
     scores = [detect(o["token_ids"], wm) for o in first]
-    assert all(d.p_value < 1e-3 for d in scores if d.num_scored_tokens >= 30), scores
+    assert all(d.num_scored_tokens == 48 and d.p_value < 1e-3 for d in scores), scores
     greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
     plain = LLM(str(DEMO), device="cpu").generate(prompts, SamplingParams(temperature=0.0, max_tokens=16),
                                                    use_tqdm=False)
@@ -222,3 +224,26 @@ def test_the_engines_random_outputs_carry_the_watermark():
     out = llm.generate(prompts, [SamplingParams(temperature=1.0, max_tokens=48, seed=i, watermarking=False)
                                  for i in range(3)], use_tqdm=False)
     assert out[0]["token_ids"] != first[0]["token_ids"]
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_the_servers_completions_carry_the_watermark(tmp_path):
+    """Over HTTP with the openai client, as vLLM's flag: ``--watermark-config`` watermarks random completions,
+    streamed or not (the key decides the tokens: the same text twice), and ``watermarking: false`` opts out."""
+    from tests.helpers.server_utils import running_server
+
+    flag = '{"algorithm": "gumbel", "key": 42, "deduplicate_contexts": "none"}'
+    args = ["--device", "cpu", "--served-model-name", "demo", "--watermark-config", flag]
+    with running_server(str(DEMO), args, tmp_path) as srv:
+        kw = {"model": "demo", "prompt": "x = ", "max_tokens": 48, "temperature": 1.0,
+              "extra_body": {"return_token_ids": True, "ignore_eos": True}}
+        whole = srv.client.completions.create(**kw).choices[0]
+        chunks = srv.client.completions.create(stream=True, **kw)
+        streamed = [t for c in chunks for ch in c.choices for t in (ch.model_extra or {}).get("token_ids") or []]
+        assert streamed == whole.token_ids
+        wm = WatermarkConfig(key=42, deduplicate_contexts="none")
+        assert detect(whole.token_ids, wm).p_value < 1e-3
+        opt_out = {**kw["extra_body"], "watermarking": False, "seed": 3}
+        plain = srv.client.completions.create(**{**kw, "extra_body": opt_out}).choices[0]
+        assert plain.token_ids != whole.token_ids

@@ -6,7 +6,8 @@ top-k, top-p and min-p), where the Gumbel noise ``G[t] = -log(-log u[t])`` comes
 (``-1`` before the first). Since ``argmax(l + G)`` with i.i.d. Gumbel noise draws ``softmax(l)``, the output
 keeps the model's distribution; but the chosen tokens have large ``u``, which whoever holds the key can test:
 :func:`detect` sums ``-log(1 - u)`` over a text's tokens, ``Gamma(n, 1)`` for a text written without the key,
-much larger for a watermarked one.
+much larger for a watermarked one. A token the model was sure of carries no evidence (any noise picks it):
+detection needs text where the model had a choice, and more of it the more predictable the text.
 
 A context that already occurred among the row's recent generated positions (``deduplicate_contexts``) would
 draw the same noise again, so the row samples that token without the watermark (a repeated context otherwise
