@@ -41,6 +41,12 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    # False: a random request of an engine with a watermark (``--watermark-config``) samples without it; None
+    # (the default) and True: with it (vLLM's)
+    watermarking: bool | None = None
+    # at most this many tokens of reasoning (between --reasoning-config's markers), then its end is forced; None
+    # (or -1, vLLM's "unlimited"): no cap
+    thinking_token_budget: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
     ignore_eos: bool = False
@@ -91,6 +97,12 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and k < 0 and k != -1:
                 raise ValueError(f"{name} must be non-negative or -1, got {k}")
+        budget = self.thinking_token_budget
+        if budget is not None and (not _is_int(budget) or budget < -1):
+            raise ParameterError("`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
+                                 "thinking_token_budget")
+        if budget == -1:
+            self.thinking_token_budget = None
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -342,7 +342,8 @@ def test_app_on_fake_engine_answers_503_while_loading_and_after_failure():
             time.sleep(0.01)
         ok = client.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 1}).json()
         assert ok["choices"][0]["text"] == "a" and ok["usage"] == {"prompt_tokens": 2, "completion_tokens": 1,
-                                                                   "total_tokens": 3, "prompt_tokens_details": None}
+                                                                   "total_tokens": 3, "prompt_tokens_details": None,
+                                                                   "completion_tokens_details": None}
         r = client.post("/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 5, "stream": True})
         events = [e for e in r.text.split("\n\n") if e]
         assert r.status_code == 200 and events[-1] == "data: [DONE]"

@@ -98,3 +98,19 @@ def test_a_missing_extra_is_one_line_naming_the_command_that_installs_it(blocked
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert f"no module named '{blocked}'" in done.stderr and f"pip install -e {install}" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--watermark-config", '{"key": 1, "algorithm": "sbw"}'], "watermark_config.algorithm must be one of"),
+    (["--watermark-config", "{key: 1}"], "watermark_config must be a JSON object"),
+    (["--reasoning-config", '{"start": "<think>"}'], "reasoning_config: unknown key(s) start"),
+    (["--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
+])
+def test_a_bad_engine_flag_is_one_line_before_the_server_starts(flags, message):
+    """``serve`` checks the engine's configuration first: the message names the flag's field, and no server or
+    engine thread starts (no traceback in the log)."""
+    from minivllm.entrypoints import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", DEMO, "--device", "cpu", "--port", "1", *flags])
+    assert str(exit_info.value.code).startswith("minivllm: ") and message in str(exit_info.value.code)

@@ -161,9 +161,21 @@ def test_slow_clients_are_closed(server):
             assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
 
 
+def _rejections(server) -> dict[str, float]:
+    """``vllm:admission_rejections_total`` by reason, from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+    return {s.labels["reason"]: s.value for f in families if f.name == "vllm:admission_rejections"
+            for s in f.samples if s.name.endswith("_total")}
+
+
 def test_too_many_waiting_get_429_with_retry_after(server):
-    """One sequence runs (max_num_seqs 1), four may wait (max_num_waiting 4): the next one gets 429."""
+    """One sequence runs (max_num_seqs 1), four may wait (max_num_waiting 4): the next one gets 429, counted in
+    vLLM's vllm:admission_rejections_total{reason="max_num_queued_reqs"}."""
     server.wait_idle()
+    before = _rejections(server)
+    assert set(before) == {"max_num_queued_reqs", "max_num_queued_tokens"}, before
     long = {"prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True}
     with httpx.Client(headers=AUTH, timeout=30) as c:
         streams = [c.stream("POST", server.url + "/v1/completions", json=long) for _ in range(5)]
@@ -174,6 +186,9 @@ def test_too_many_waiting_get_429_with_retry_after(server):
             _error(r, 429, None, "too_many_waiting_requests")
             assert r.headers["retry-after"] == "1"
             _error(_post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}), 429)
+            after = _rejections(server)
+            assert after["max_num_queued_reqs"] == before["max_num_queued_reqs"] + 2, after
+            assert after["max_num_queued_tokens"] == before["max_num_queued_tokens"], after
         finally:
             for s in streams:
                 s.__exit__(None, None, None)
@@ -209,6 +224,14 @@ def test_wrong_types_and_out_of_range_values_get_400(server, body):
     _error(_post(server, "/v1/completions", body), 400)
 
 
+@pytest.mark.parametrize("seed, kind", [(2**63, "less_than_equal"), (-(2**63) - 1, "greater_than_equal")])
+def test_a_seed_outside_int64_is_a_400_with_pydantics_error_type(server, seed, kind):
+    """vLLM's message carries the validation error's type, which clients (and vLLM's tests) match on."""
+    err = _error(_post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                         "seed": seed}), 400, "seed")
+    assert f"[type={kind}]" in err["message"], err
+
+
 @pytest.mark.parametrize("extra", [{"top_k": 2**70}, {"temperature": 1e308}])
 def test_huge_but_valid_values_are_served(server, extra):
     r = _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2, **extra})
@@ -222,3 +245,34 @@ def test_python_api_names_the_parameter(tiny_tied_model):
         with pytest.raises(ValueError, match="^prompt is not valid Unicode"):
             llm.generate(["fine", "bad \ud800"], SamplingParams(max_tokens=2), use_tqdm=False)
         assert llm.generate("fine", SamplingParams(max_tokens=2), use_tqdm=False)[0]["token_ids"]
+
+
+def test_the_key_guards_the_routes_under_the_root_path_too():
+    """With --root-path /llm the routes answer at /llm/v1/... as at /v1/... (as vLLM): the key check must see
+    the route's path, or /llm/v1/... would pass unchecked."""
+    import asyncio
+
+    from minivllm.entrypoints.openai.guards import RequestGuard, route_path
+
+    assert route_path({"path": "/llm/v1/models", "root_path": "/llm"}) == "/v1/models"
+    assert route_path({"path": "/v1/models", "root_path": "/llm"}) == "/v1/models"
+    assert route_path({"path": "/llmx/v1/models", "root_path": "/llm"}) == "/llmx/v1/models"
+    assert route_path({"path": "/v1/models"}) == "/v1/models"
+
+    async def call(path: str, headers: list) -> int:
+        sent, reached = [], []
+
+        async def app(scope, receive, send):
+            reached.append(scope["path"])
+
+        async def send(message):
+            sent.append(message)
+
+        guard = RequestGuard(app, ["k"], 1024)
+        await guard({"type": "http", "path": path, "root_path": "/llm", "headers": headers}, None, send)
+        return sent[0]["status"] if sent else 200
+
+    for path in ("/v1/models", "/llm/v1/models", "/llm/tokenize"):
+        assert asyncio.run(call(path, [])) == 401, path
+        assert asyncio.run(call(path, [(b"authorization", b"Bearer k")])) == 200, path
+    assert asyncio.run(call("/llm/health", [])) == 200

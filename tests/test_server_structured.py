@@ -48,7 +48,7 @@ def chat(server, stream: bool, **kw):
         for c in chunk.choices:
             d = c.delta
             content += d.content or ""
-            reasoning += getattr(d, "reasoning_content", None) or (d.model_extra or {}).get("reasoning_content") or ""
+            reasoning += getattr(d, "reasoning", None) or ""
             for tc in d.tool_calls or []:
                 call = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
                 if tc.id:
@@ -58,7 +58,7 @@ def chat(server, stream: bool, **kw):
             finish = c.finish_reason or finish
     calls = [{"id": c["id"], "function": {"name": c["name"], "arguments": c["arguments"]}}
              for _, c in sorted(calls.items())]
-    return {"content": content or None, "reasoning_content": reasoning or None, "tool_calls": calls}, finish
+    return {"content": content or None, "reasoning": reasoning or None, "tool_calls": calls}, finish
 
 
 def _parallel(fn, items):
@@ -149,11 +149,112 @@ def test_auto_tool_choice_reads_hermes_calls_and_reasoning(server, stream):
              r'\{"city": "[A-Z][a-z]{2,8}", "unit": "celsius"\}\}\n</tool_call>')
     msg, finish = chat(server, stream, tools=[WEATHER], extra_body={"structured_outputs": {"regex": regex}})
     assert finish == "tool_calls", msg
-    assert msg["reasoning_content"] and "<think>" not in msg["reasoning_content"] and msg["content"] == "Checking.", msg
+    assert msg["reasoning"] and "<think>" not in msg["reasoning"] and msg["content"] == "Checking.", msg
     (call,) = msg["tool_calls"]
     assert call["function"]["name"] == "get_weather"
     args = json.loads(call["function"]["arguments"])
     jsonschema.validate(args, TOOL_PARAMS["get_weather"])
+
+
+OPTIONS = {"type": "object", "additionalProperties": False, "required": ["unit"],
+           "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "maximum": 7}}}
+FORECAST = {"type": "function", "function": {"name": "forecast", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "options": {"$ref": "#/$defs/Opts"}},
+    "required": ["city", "options"], "additionalProperties": False, "$defs": {"Opts": OPTIONS}}}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_required_tool_choice_resolves_each_tools_defs(server, stream):
+    """``required`` combines the tools into one schema: a tool's ``$defs`` move to its root, so ``#/$defs/...``
+    still resolves (vLLM's), and the calls validate against the tool's own schema."""
+    msg, finish = chat(server, stream, tools=[FORECAST, SEARCH], tool_choice="required", max_tokens=300,
+                       messages=[{"role": "user", "content": "Forecast for Oslo?"}])
+    assert finish == "tool_calls" and msg["tool_calls"], msg
+    for call in msg["tool_calls"]:
+        params = {**TOOL_PARAMS, "forecast": FORECAST["function"]["parameters"]}[call["function"]["name"]]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), params)
+
+
+def test_two_tools_with_one_def_name_for_two_schemas_is_a_400(server):
+    other = json.loads(json.dumps(FORECAST))
+    other["function"]["name"] = "forecast2"
+    other["function"]["parameters"]["$defs"]["Opts"] = {"type": "object"}
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+        "model": "demo", "messages": USER, "tools": [FORECAST, other], "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
+THINKING = r"<think>[a-z ]{5,20}</think>\n\nDone\."
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_reasoning_field_include_reasoning_and_reasoning_tokens(server, stream):
+    """vLLM 0.33's names: the message's (and delta's) ``reasoning``; ``include_reasoning: false`` leaves it out
+    while ``usage.completion_tokens_details.reasoning_tokens`` still counts it."""
+    so = {"structured_outputs": {"regex": THINKING}}
+    usage_opts = {"stream_options": {"include_usage": True}} if stream else {}
+    kw = {"stream": True, **usage_opts} if stream else {}
+    shown, hidden = ({**so, "include_reasoning": flag} for flag in (True, False))
+    for body, with_reasoning in ((shown, True), (hidden, False)):
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "demo", "messages": USER, "temperature": 0, "max_tokens": 40, **body, **kw})
+        assert r.status_code == 200, r.text
+        if stream:
+            events = [json.loads(line[6:]) for line in r.text.splitlines()
+                      if line.startswith("data: {")]
+            deltas = [c["delta"] for e in events for c in e["choices"]]
+            assert not any("reasoning_content" in d for d in deltas)
+            reasoning = "".join(d.get("reasoning") or "" for d in deltas)
+            content = "".join(d.get("content") or "" for d in deltas)
+            usage = events[-1]["usage"]
+        else:
+            body_json = r.json()
+            message = body_json["choices"][0]["message"]
+            assert "reasoning_content" not in message and "tool_calls" not in message, message
+            reasoning, content, usage = message.get("reasoning") or "", message["content"], body_json["usage"]
+        assert content == "Done.", (reasoning, content)
+        assert bool(reasoning) == with_reasoning and "<think>" not in reasoning, reasoning
+        n = usage["completion_tokens_details"]["reasoning_tokens"]
+        assert 0 < n < usage["completion_tokens"], usage
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_thinking_token_budget_with_the_markers_of_the_reasoning_parser(server, stream):
+    """--reasoning-parser qwen3 gives the engine its markers (as vLLM's derived --reasoning-config): a prompt
+    that opens <think> gets exactly the budget's tokens of reasoning, then </think>, streamed or not."""
+    def ids(text):
+        return httpx.post(server.url + "/tokenize", json={"model": "demo", "prompt": text,
+                                                           "add_special_tokens": False}).json()["tokens"]
+    start, end = ids("<think>"), ids("</think>")
+    prompt = ids("Question: what is 1+1?\nAnswer: ") + start
+    for budget in (2, 6):
+        body = {"model": "demo", "prompt": prompt, "max_tokens": 30, "temperature": 0, "return_token_ids": True,
+                "thinking_token_budget": budget, "stream": stream}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        if stream:
+            chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            out = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids") or []]
+        else:
+            out = r.json()["choices"][0]["token_ids"]
+        n = len(end)
+        first_end = next(j for j in range(len(out) - n + 1) if out[j:j + n] == end)
+        assert first_end == budget, (budget, out)
+    r = httpx.post(server.url + "/v1/completions", timeout=30, json={
+        "model": "demo", "prompt": "x", "max_tokens": 2, "thinking_token_budget": -3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget", r.text
+
+
+def test_an_assistant_messages_reasoning_content_is_read_as_reasoning(server):
+    """vLLM 0.33 renames the deprecated ``reasoning_content`` of a message to ``reasoning`` for the template."""
+    template = ("{%- for m in messages %}{{- m['role'] + ':' + (m['reasoning'] if m['reasoning'] is defined else '-')"
+                " + '|' }}{%- endfor %}")
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello", "reasoning_content": "greet back"},
+                {"role": "user", "content": "Bye"}]
+    r = httpx.post(server.url + "/tokenize", json={"model": "demo", "messages": messages, "chat_template": template})
+    text = httpx.post(server.url + "/detokenize", json={"model": "demo", "tokens": r.json()["tokens"]}).json()["prompt"]
+    assert text == "user:-|assistant:greet back|user:-|", text
 
 
 def test_tool_history_renders_through_the_template(server):
@@ -167,7 +268,7 @@ def test_tool_history_renders_through_the_template(server):
     assert "<tool_response>\n-3 degrees\n</tool_response>" in text
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
     msg, _ = chat(server, False, messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=8)
-    assert msg["tool_calls"] == [] and isinstance(msg["content"], str)
+    assert msg["tool_calls"] is None and isinstance(msg["content"], str)  # no calls: the field is left out, as vLLM
 
 
 def test_without_thinking_there_is_no_reasoning(server):
@@ -179,7 +280,7 @@ def test_without_thinking_there_is_no_reasoning(server):
     prompt = httpx.post(server.url + "/detokenize", json={"model": "demo", "tokens": r["tokens"]}).json()["prompt"]
     assert prompt.endswith("<think>\n\n</think>\n\n")
     msg, _ = chat(server, False, max_tokens=12, extra_body=kw)
-    assert msg["reasoning_content"] is None and msg["content"]
+    assert msg["reasoning"] is None and msg["content"]
 
 
 @pytest.mark.parametrize("body, param", [

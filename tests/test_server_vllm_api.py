@@ -269,5 +269,32 @@ def test_request_id_headers_and_root_path(server):
     assert len(httpx.get(server.url + "/health").headers["x-request-id"]) == 32  # a new one
     doc = httpx.get(server.url + "/openapi.json").json()
     assert doc["servers"] == [{"url": "/api"}]
+    # the routes answer under the root path too (a proxy that passes the prefix on), as vLLM's
+    assert httpx.get(server.url + "/api/v1/models").json()["data"][0]["id"] == NAME
+    r = server.client.with_options(base_url=server.url + "/api/v1").completions.create(model=NAME, prompt="x",
+                                                                                        max_tokens=2)
+    assert r.choices[0].text is not None
+    assert httpx.get(server.url + "/apiv1/models").status_code == 404  # a prefix of a path segment is not it
     with pytest.raises(openai.BadRequestError):
         server.client.completions.create(model=NAME, prompt="x", extra_body={"logit_bias": {"x": 1}})
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_chat_top_logprobs_list_the_generated_token_first(server, stream):
+    """vLLM 0.33's order: the generated token, then the most likely others, ``top_logprobs`` in all; a token
+    sampled from outside the top k still comes first (and the k-th most likely is left out)."""
+    body = {"messages": MSGS[:1], "max_tokens": 24, "temperature": 3.0, "seed": 1, "logprobs": True,
+            "top_logprobs": 3, "return_tokens_as_token_ids": True}
+    if stream:
+        content = [e for ev in sse_events(server, "/v1/chat/completions", body) for c in ev["choices"]
+                   for e in (c.get("logprobs") or {}).get("content") or []]
+    else:
+        content = post(server, "/v1/chat/completions", body)["choices"][0]["logprobs"]["content"]
+    outside = 0
+    for pos in content:
+        tops = pos["top_logprobs"]
+        assert len(tops) == 3 and tops[0]["token"] == pos["token"], pos
+        rest = [t["logprob"] for t in tops[1:]]
+        assert rest == sorted(rest, reverse=True), pos
+        outside += pos["logprob"] < rest[-1]  # sampled from below two others: listed first all the same
+    assert outside > 0, "temperature 3 should sample some unlikely token"

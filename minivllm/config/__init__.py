@@ -19,15 +19,16 @@ from minivllm.config.engine import (
 )
 from minivllm.config.fields import engine_arg_fields
 from minivllm.config.model import ArchConfig, ModelConfig
+from minivllm.config.sampling import SamplingConfig, WatermarkConfig
 from minivllm.envs import Envs, read_envs
 
 __all__ = ["ArchConfig", "CacheConfig", "Config", "DeviceConfig", "ModelConfig", "ParallelConfig",
-           "SchedulerConfig", "StructuredOutputsConfig"]
+           "SamplingConfig", "SchedulerConfig", "StructuredOutputsConfig", "WatermarkConfig"]
 
 #: sub-config attribute of ``Config`` -> its class; every engine argument is a field of one of them
 SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "scheduler_config": SchedulerConfig,
                "parallel_config": ParallelConfig, "device_config": DeviceConfig,
-               "structured_outputs_config": StructuredOutputsConfig}
+               "structured_outputs_config": StructuredOutputsConfig, "sampling_config": SamplingConfig}
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Config:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
     envs: Envs = field(default_factory=read_envs)
 
     def __post_init__(self) -> None:

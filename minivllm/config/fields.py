@@ -3,6 +3,7 @@ text (the CLI flag is generated from it), checked for its type before any range 
 
 from __future__ import annotations
 
+import json
 import numbers
 from dataclasses import MISSING, Field, field, fields
 
@@ -44,3 +45,25 @@ def at_least(name: str, value, minimum) -> None:
     """``ValueError`` unless ``value >= minimum``."""
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def json_config(cls, value, name: str, required: tuple[str, ...] = ()):
+    """A config dataclass ``cls`` from itself, a dict or the JSON text of one (a flag like vLLM's
+    ``--watermark-config '{"key": 42}'``); ValueError naming ``name`` for bad JSON, an unknown or missing key."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"{name} must be a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object, got {value!r}")
+    known = {f.name for f in fields(cls) if f.init}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{name}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise ValueError(f"{name} needs {', '.join(missing)}")
+    return cls(**value)

@@ -52,7 +52,7 @@ class ServerConfig:
                                        choices=("hermes", "llama3_json"))
     return_tokens_as_token_ids: bool = arg(False, "name the tokens of logprobs 'token_id:N' unless a request says "
                                                   "otherwise (return_tokens_as_token_ids), as vLLM's flag")
-    reasoning_parser: str | None = arg(None, "move the model's <think>...</think> into reasoning_content: qwen3",
+    reasoning_parser: str | None = arg(None, "move the model's <think>...</think> into the message's reasoning: qwen3",
                                        choices=("qwen3",))
     enable_force_include_usage: bool = arg(False, "usage in every chunk of every stream, and a last chunk with "
                                                   "it, whether or not the request asked (stream_options)")

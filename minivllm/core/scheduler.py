@@ -190,11 +190,11 @@ class Scheduler:
             seq.num_computed_tokens = start + n
             prompt_lps = seq.prompt_logprob_targets(start, n) if seq.prompt_logprobs is not None else None
             if start + n < num_tokens:
-                rows.append(_row((seq_id, start, ids, new_blocks, prev_row, False, 0, None, prompt_lps)))
+                rows.append(_row((seq_id, start, ids, new_blocks, prev_row, False, 0, None, prompt_lps, None)))
                 continue
             tail = seq.output_tail() if seq.reads_output_values else None
             row = _row((seq_id, start, ids, new_blocks, prev_row, True, num_tokens - seq.num_prompt_tokens, tail,
-                        prompt_lps))
+                        prompt_lps, seq.forced_token() if seq.thinking_budget is not None else None))
             rows.append(row)
             seq.append_placeholder(len(sampled))
             sampled.append(row)

@@ -41,13 +41,15 @@ class ScheduledRow(NamedTuple):
     prev_sampled_row: int  # >= 0: the one new token is that row of the previous step's sampled tokens
     sampled: bool  # every token is computed after this step: the row's last token is sampled
     num_output_tokens: int  # tokens generated before this step's (the seed's step, min_tokens)
-    # the newest generated tokens, for a sampled row whose multi-token bad words read them (at most the
-    # longest bad word's length minus one); None otherwise
+    # the newest generated tokens, for a sampled row that reads them (``Sequence.output_tail``: multi-token bad
+    # words, the watermark); None otherwise
     output_tail: tuple[int, ...] | None = None
     # (k, targets): the row's new tokens at positions p with p + 1 < prompt length also give the logprob of
     # prompt token p + 1 (``targets``, in order) and its k most likely alternatives (-1: all of them); None: no
     # prompt logprobs
     prompt_logprobs: tuple[int, tuple[int, ...]] | None = None
+    # the token a sampled row must take (``thinking_token_budget`` forcing the end of its reasoning); None: free
+    forced_token: int | None = None
 
 
 class SchedulerOutput(NamedTuple):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from enum import Enum, auto
 
+from minivllm.core.thinking_budget import ThinkingBudget
 from minivllm.sampling_params import SamplingParams
 
 #: token id of a sampled token whose value is still on the device (asynchronous scheduling)
@@ -38,7 +39,8 @@ class Sequence:
 
     def __init__(self, seq_id: int, token_ids: list[int], sampling_params: SamplingParams | None = None,
                  request_id: str | None = None, prompt_logprobs: int | None = None,
-                 bad_words_token_ids: tuple[tuple[int, ...], ...] = ()):
+                 bad_words_token_ids: tuple[tuple[int, ...], ...] = (), watermark_history: int = 0,
+                 thinking_budget: ThinkingBudget | None = None):
         if not token_ids:
             raise ValueError("a sequence needs at least one token")
         self.seq_id = seq_id
@@ -62,6 +64,10 @@ class Sequence:
         # several tokens bans its last token after the others, so sampling reads the newest generated values
         self.bad_words_token_ids = bad_words_token_ids
         self.bad_word_context = max((len(w) - 1 for w in bad_words_token_ids), default=0)
+        # the newest generated tokens sampling reads: a multi-token bad word's, the watermark's context and
+        # the positions it deduplicates against (``watermark_history``: ``WatermarkConfig.history``)
+        self.output_context = max(self.bad_word_context, watermark_history)
+        self.thinking_budget = thinking_budget  # thinking_token_budget: it reads every token's value
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -114,12 +120,18 @@ class Sequence:
 
     @property
     def reads_output_values(self) -> bool:
-        """Sampling reads the values of its newest generated tokens on the host (bad words of several tokens)."""
-        return self.bad_word_context > 0
+        """Sampling reads the values of its newest generated tokens on the host (bad words of several tokens, the
+        watermark)."""
+        return self.output_context > 0 or self.thinking_budget is not None
+
+    def forced_token(self) -> int | None:
+        """The token the next step must sample (``thinking_token_budget`` forcing the reasoning's end), or None."""
+        return self.thinking_budget.forced_token(self.token_ids) if self.thinking_budget is not None else None
 
     def output_tail(self) -> tuple[int, ...]:
-        """The newest generated tokens a multi-token bad word can end with (all known: see ``reads_output_values``)."""
-        start = max(self.num_prompt_tokens, len(self.token_ids) - self.bad_word_context)
+        """The newest generated tokens sampling reads (``output_context`` of them; all known: see
+        ``reads_output_values``)."""
+        start = max(self.num_prompt_tokens, len(self.token_ids) - self.output_context)
         return tuple(self.token_ids[start:])
 
     def prompt_logprob_targets(self, start: int, n: int) -> tuple[int, tuple[int, ...]] | None:

@@ -11,6 +11,7 @@ import copy
 from dataclasses import dataclass, replace
 
 from minivllm.config import Config
+from minivllm.core.thinking_budget import ThinkingBudget
 from minivllm.engine.structured_output import StructuredOutputManager
 from minivllm.engine.tokenizer import bad_words_token_ids
 from minivllm.sampling_params import ParameterError, SamplingParams
@@ -20,12 +21,13 @@ from minivllm.sampling_params import ParameterError, SamplingParams
 class EngineRequest:
     """A checked request, ready for the scheduler: the prompt's text (None when given as token ids) and token
     ids (cut to ``truncate_prompt_tokens`` on ``truncation_side``), the engine's copy of its parameters, and each
-    bad word's token ids."""
+    bad word's token ids, and its ``thinking_token_budget`` with the reasoning's markers as token ids."""
 
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    thinking_budget: ThinkingBudget | None = None
 
 
 class InputProcessor:
@@ -38,6 +40,16 @@ class InputProcessor:
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.arch.vocab_size
         self.max_logprobs = config.model_config.max_num_logprobs
+        # the reasoning's markers as token ids (None: no --reasoning-config, or a marker that is empty)
+        rc = config.sampling_config.reasoning_config
+        self.reasoning_markers = None
+        if rc is not None and rc.enabled and tokenizer is not None:
+            start, end = (tuple(tokenizer.encode(s, add_special_tokens=False))
+                          for s in (rc.reasoning_start_str, rc.reasoning_end_str))
+            if not start or not end:
+                raise ValueError(f"reasoning_config: the markers {rc.reasoning_start_str!r} and "
+                                 f"{rc.reasoning_end_str!r} must each be one token or more")
+            self.reasoning_markers = (start, end)
 
     def process(self, prompt: str | list[int], params: SamplingParams | None = None,
                 strict_length: bool = False) -> EngineRequest:
@@ -63,7 +75,14 @@ class InputProcessor:
         words = ()
         if params.bad_words:
             words = tuple(tuple(w) for w in bad_words_token_ids(self.tokenizer, params.bad_words))
-        return EngineRequest(text, token_ids, params, words)
+        budget = None
+        if params.thinking_token_budget is not None:
+            if self.reasoning_markers is None:
+                raise ParameterError("thinking_token_budget is set but reasoning_config is not configured. Please "
+                                     "set --reasoning-parser and/or --reasoning-config to use thinking_token_budget.",
+                                     "thinking_token_budget")
+            budget = ThinkingBudget(*self.reasoning_markers, params.thinking_token_budget)
+        return EngineRequest(text, token_ids, params, words, budget)
 
     def _encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

@@ -22,6 +22,7 @@ from minivllm.engine.request_state import RequestState
 from minivllm.engine.structured_output import GrammarBitmask, StructuredOutputManager
 from minivllm.engine.tokenizer import load_tokenizer
 from minivllm.outputs import RequestOutput, StepStats
+from minivllm.sample.metadata import SAMPLING_EPS
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.executor import create_executor
 from minivllm.worker.model_runner import Forward
@@ -111,7 +112,8 @@ class LLMEngine:
             seq = Sequence(next(self._seq_ids), request.prompt_token_ids, p,
                            request_id=f"{request_id}-{i}" if params.n > 1 else request_id,
                            prompt_logprobs=params.prompt_logprobs if i == 0 else None,
-                           bad_words_token_ids=request.bad_words_token_ids)
+                           bad_words_token_ids=request.bad_words_token_ids,
+                           watermark_history=self._watermark_history(p), thinking_budget=request.thinking_budget)
             req.seqs.append(seq)
             req.detoks.append(IncrementalDetokenizer(
                 self.tokenizer, request.prompt_token_ids, skip_special_tokens=p.skip_special_tokens,
@@ -128,6 +130,14 @@ class LLMEngine:
         if req.seqs[0].reads_output_values:
             self._value_readers.add(request_id)
         return request_id
+
+    def _watermark_history(self, params: SamplingParams) -> int:
+        """The generated tokens a watermarked request's sampling reads (0: not watermarked: no watermark, a
+        greedy request, or one that opted out)."""
+        wm = self.config.sampling_config.watermark_config
+        if wm is None or params.watermarking is False or params.temperature < SAMPLING_EPS:
+            return 0
+        return wm.history()
 
     def _schedule(self, req: RequestState, grammar) -> None:
         """Hand the request's sequences to the scheduler, each at the start of ``grammar``'s template if any."""

@@ -35,18 +35,22 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, (args.log_level or "info").upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from minivllm.config.server import ServerConfig
+    from minivllm.entrypoints.openai.reasoning import with_reasoning_markers
 
     on_ray = False
     try:
         config = ServerConfig.from_args(args)
+        kwargs = with_reasoning_markers(engine_kwargs(args), config.reasoning_parser)
         if (args.data_parallel_size or 1) > 1 or config.autoscale_max_replicas is not None:
             on_ray = True
             from minivllm.scale_out.serve.app import run_ray_server
 
-            return run_ray_server(args.model, engine_kwargs(args), config)
+            return run_ray_server(args.model, kwargs, config)
+        from minivllm.config import Config
         from minivllm.entrypoints.openai.api_server import run_server
 
-        return run_server(args.model, engine_kwargs(args), config)
+        Config.create(args.model, **kwargs)  # a bad engine flag: one line now, not a failed engine thread later
+        return run_server(args.model, kwargs, config)
     except ValueError as exc:  # a bad flag: the message names it
         sys.exit(f"minivllm: {exc}")
     except ModuleNotFoundError as exc:  # an extra that is not installed: one line, no traceback

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from minivllm.config.sampling import WatermarkConfig
 from minivllm.sample.token_edits import TokenEdits, bad_word_bans, build_token_edits
+from minivllm.sample.watermark import context_of, is_repeated_context, keys_tensor, row_key
 from minivllm.sampling_params import SamplingParams
 
 #: temperatures below this are treated as greedy (as in vLLM), which also avoids overflow in l / T.
@@ -57,6 +59,12 @@ class SamplingMetadata:
     # [B, M] int64: the ids whose logprobs each row asks for (``logprob_token_ids``; 0 past a row's own, and on the
     # rows without); None: no row asks
     logprob_token_ids: torch.Tensor | None = None
+    # the random rows sampled under the watermark (``sample/watermark.py``) and their 64-bit PRF keys; None: none
+    watermark_rows: torch.Tensor | None = None  # [W] int64
+    watermark_keys: torch.Tensor | None = None  # [W] int64
+    # the rows whose token is forced (``thinking_token_budget`` ending the reasoning) and that token; None: none
+    forced_rows: torch.Tensor | None = None  # [F] int64
+    forced_ids: torch.Tensor | None = None  # [F] int64
     # --- randomness ---
     seeded: list[tuple[int, torch.Generator]] = field(default_factory=list)  # (row, generator)
     seeded_keys: list[tuple[int, int]] = field(default_factory=list)  # (row, 63-bit key of seed and step)
@@ -126,6 +134,8 @@ def build_sampling_metadata(
     bad_words: Sequence[Sequence[Sequence[int]]] | None = None,
     num_generated: Sequence[int] | None = None,
     penalty_tensors: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    watermark: WatermarkConfig | None = None,
+    forced_tokens: Sequence[int | None] | None = None,
 ) -> SamplingMetadata:
     """Build the per-step metadata for ``len(params)`` rows (row ``i`` = ``params[i]``).
 
@@ -138,7 +148,10 @@ def build_sampling_metadata(
     rows; default: torch's global RNG. ``grammar``: ``(rows, bitmask)``, the packed masks (``[len(rows),
     ceil(V / 32)]`` int32, on the host) of the rows under a grammar. ``bad_words[i]``: row ``i``'s bad words as
     token ids (None: no row has any). ``penalty_tensors``: ``(output_counts [B, V] float32, prompt_mask [B, V]
-    bool or None)``, kept on the device by the runner (``minivllm.sample.penalties``).
+    bool or None)``, kept on the device by the runner (``minivllm.sample.penalties``). ``watermark``: the
+    engine's (None: none); its random rows read their context from ``output_token_ids`` (which must then hold
+    ``WatermarkConfig.history()`` newest tokens, or all). ``forced_tokens[i]``: the token row ``i`` must take
+    (None: free; the list None: no row has one).
     """
     device = torch.device(device)
     batch = len(params)
@@ -246,8 +259,31 @@ def build_sampling_metadata(
         md.grammar_bitmask = (mask.pin_memory().to(device, non_blocking=True) if device.type == "cuda"
                               else mask.to(device))
 
+    if forced_tokens is not None and any(t is not None for t in forced_tokens):
+        forced = [(i, t) for i, t in enumerate(forced_tokens) if t is not None and 0 <= t < V]
+        md.forced_rows = _to_device([i for i, _ in forced], torch.int64, device)
+        md.forced_ids = _to_device([t for _, t in forced], torch.int64, device)
+    if watermark is not None and not all_greedy:
+        _add_watermark(md, watermark, params, greedy, output_token_ids, num_generated, device)
     if not all_greedy:
         md.seeded_keys = seeded_keys(params, num_generated)
         md.seeded = [(i, _generator(key, device)) for i, key in md.seeded_keys]
         md.any_seeded = bool(md.seeded)
     return md
+
+
+def _add_watermark(md: SamplingMetadata, wm: WatermarkConfig, params: Sequence[SamplingParams], greedy: list[bool],
+                   outputs: Sequence[Sequence[int]], num_generated: Sequence[int], device: torch.device) -> None:
+    """The watermarked rows of a step and their keys: random rows that did not opt out, whose context is new."""
+    rows, keys = [], []
+    for i, (p, g, out, n) in enumerate(zip(params, greedy, outputs, num_generated, strict=True)):
+        if g or p.watermarking is False:
+            continue
+        if wm.deduplicate_contexts != "none" and is_repeated_context(
+                out, n, wm.context_width, wm.deduplicate_contexts_max_history):
+            continue  # sampled without the watermark: its noise would repeat that position's token
+        rows.append(i)
+        keys.append(row_key(wm.key, context_of(out, n, wm.context_width)))
+    if rows:
+        md.watermark_rows = _to_device(rows, torch.int64, device)
+        md.watermark_keys = keys_tensor(keys, "cpu").to(device)

@@ -21,6 +21,9 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
 
        l[t] = l[t] - f * count_out[t] - p * (count_out[t] > 0)
 
+   Then a row whose token is **forced** (a spent ``thinking_token_budget`` ending the reasoning) keeps only
+   that token: ``l[t] = -inf`` for every other ``t``, ``l[forced] = 0``.
+
 4. **greedy rows** (``temperature < 1e-5``): ``token = argmax(l)`` (after 1-3; 5-8 do not apply).
 5. **temperature** ``T``: ``l = l / T``.
 6. **top-k** ``k``: keep ``t`` iff ``l[t] >= kth_largest(l)`` (tokens tied with the k-th value
@@ -44,6 +47,9 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
    key from the batch generator).
    With tensor parallelism such steps can sample each rank's vocabulary slice where it lies
    (``minivllm.sample.sharded``; the same tokens).
+   **Watermark** (``--watermark-config``, ``minivllm.sample.watermark``): a watermarked row takes
+   ``token = argmax(l + G)`` after steps 5-8 instead, with Gumbel noise ``G`` keyed by the watermark's key and
+   the row's last generated tokens (the same distribution; the unfused path).
 
 Logprobs are ``log_softmax`` of the RAW logits (before 1-8) at the sampled token, and the top
 ``max_num_logprobs`` alternatives of that same distribution, sorted descending; a row with
@@ -65,6 +71,7 @@ from minivllm.sample.logits_processors import (
 )
 from minivllm.sample.metadata import SamplingMetadata, _to_device
 from minivllm.sample.token_edits import apply_token_edits
+from minivllm.sample.watermark import gumbel_watermark_sample
 
 
 @dataclass
@@ -134,9 +141,9 @@ class Sampler(nn.Module):
             raise ValueError("metadata vocab_size does not match the logits width")
 
         modifies = (md.banned_rows is not None or md.edits is not None or not md.no_penalties
-                    or md.grammar_rows is not None)
+                    or md.grammar_rows is not None or md.forced_rows is not None)
         fused = (self.fused and not md.all_greedy
-                 and md.no_top_k and md.no_top_p and md.no_min_p)
+                 and md.no_top_k and md.no_top_p and md.no_min_p and md.watermark_rows is None)
         if (md.all_greedy or fused) and not modifies:
             x = logits  # argmax, or the fused pass that reads the logits once: no copy
         else:
@@ -146,6 +153,9 @@ class Sampler(nn.Module):
                 self._apply_grammar(x, md.grammar_rows, md.grammar_bitmask)
             x = apply_bans(x, md)
             x = apply_penalties(x, md)
+            if md.forced_rows is not None:  # every other token of a forced row is out
+                x[md.forced_rows] = float("-inf")
+                x[md.forced_rows, md.forced_ids] = 0.0
 
         if md.all_greedy:
             sampled = torch.argmax(x, dim=-1)
@@ -162,6 +172,8 @@ class Sampler(nn.Module):
                 x = apply_min_p(x, md)
                 probs = torch.softmax(x, dim=-1)
                 sampled = _exponential_race(probs, md)
+                if md.watermark_rows is not None:
+                    sampled[md.watermark_rows] = gumbel_watermark_sample(x[md.watermark_rows], md.watermark_keys)
             if greedy is not None:
                 sampled = torch.where(md.greedy_mask, greedy, sampled)
 

@@ -46,7 +46,7 @@ def sharded_temperatures(params: Sequence[SamplingParams], num_generated: Sequen
     temps = []
     for p, n in zip(params, num_generated, strict=True):
         if (p.num_logprobs is not None or p.has_penalties or p.edits_logits or n < p.min_tokens
-                or p.structured_outputs is not None):
+                or p.structured_outputs is not None or p.thinking_token_budget is not None):
             return None
         if p.temperature < SAMPLING_EPS:
             temps.append(0.0)

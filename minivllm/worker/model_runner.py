@@ -99,7 +99,8 @@ class ModelRunner:
         self.sampler = Sampler(fused=dc.triton_sampling)
         self.generator = torch.Generator(device=self.device).manual_seed(mc.seed)
         self.penalties = PenaltyState(self.vocab_size, self.device) if rank == 0 else None
-        self.sharded_sampling = tp_group is not None and dc.triton_sampling
+        self.watermark = config.sampling_config.watermark_config  # the watermark is sampled on rank 0 alone
+        self.sharded_sampling = tp_group is not None and dc.triton_sampling and self.watermark is None
         self.shard_sampler = ShardedSampler(self.model.lm_head, self.device) if self.sharded_sampling else None
         self.num_sharded_steps = 0  # steps sampled sharded (a check for tests and benchmarks)
         self.share_sampled = tp_group is not None and sc.async_scheduling
@@ -323,7 +324,8 @@ class ModelRunner:
             grammar=(grammar.rows, grammar.bitmask) if grammar is not None else None,
             bad_words=fwd.bad_words,
             num_generated=[s.num_output_tokens for s in rows],
-            penalty_tensors=self.penalties.gather(seq_ids) if penalized else None)
+            penalty_tensors=self.penalties.gather(seq_ids) if penalized else None, watermark=self.watermark,
+            forced_tokens=[s.forced_token for s in rows] if any(s.forced_token is not None for s in rows) else None)
         res = self.sampler(fwd.logits, meta)
         if self.penalties.rows:
             self.penalties.record(seq_ids, res.sampled_token_ids)

@@ -59,8 +59,8 @@ def _validation_error(exc: RequestValidationError):
     def where(e) -> str:
         return ".".join(str(x) for x in e.get("loc", ()) if x != "body")
 
-    # each with pydantic's error type, as vLLM's message has it (clients match on "greater_than_equal")
-    msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')} ({e.get('type')})" for e in errors[:5])
+    # each with pydantic's error type (``greater_than_equal``...), which vLLM's message carries and clients match
+    msg = "; ".join(f"{where(e) or 'body'}: {e.get('msg')} [type={e.get('type')}]" for e in errors[:5])
     return error_json(APIError(400, msg or "invalid request", param=(where(errors[0]) or None) if errors else None))
 
 
@@ -286,8 +286,9 @@ def run_server(model: str, engine_kwargs: dict, config: ServerConfig) -> int:
             if loop is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(async_llm.begin_shutdown)
 
+    # NOTE: the root path is FastAPI's alone (uvicorn's would prefix every path with it again): both
+    # /v1/... and /<root path>/v1/... reach the routes, as in vLLM
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, uds=config.uds, log_level=config.log_level,
-                               root_path=config.root_path or "",
                                timeout_graceful_shutdown=10, access_log=config.log_level == "debug",
                                http=guarded_h11(config.request_timeout_s), timeout_keep_alive=config.timeout_keep_alive)
     server = Server(uv_config)

@@ -36,7 +36,7 @@ class ChatOutputReader:
     end of the rendered prompt (whether the template opened or closed a think block)."""
 
     def __init__(self, tool_choice: ToolChoice, tool_parser: str | None, reasoning_parser: str | None,
-                 prompt_tail: str = ""):
+                 prompt_tail: str = "", include_reasoning: bool = True):
         self.named = tool_choice.function.name if isinstance(tool_choice, NamedToolChoice) else None
         self.required = tool_choice == "required"
         self.tool_parser = TOOL_PARSERS[tool_parser]() if tool_choice == "auto" and tool_parser else None
@@ -45,6 +45,13 @@ class ChatOutputReader:
         self.reasoning = REASONING_PARSERS[reasoning_parser]() if reasoning_parser and not forced else None
         # what the prompt decided: a template may open the think block itself, or close it (thinking off)
         self.thinking = self.reasoning.thinking_from_prompt(prompt_tail) if self.reasoning is not None else None
+        self.include_reasoning = include_reasoning  # false: the reasoning is split off, then left out
+
+    def reasoning_tokens(self, token_ids: list[int], decode) -> int:
+        """How many of a completion's tokens are reasoning (0 without a reasoning parser)."""
+        if self.reasoning is None:
+            return 0
+        return self.reasoning.count_tokens(token_ids, decode, thinking=self.thinking)
 
     def message(self, text: str) -> R.AssistantMessage:
         """The assistant message of a whole completion's text."""
@@ -61,7 +68,8 @@ class ChatOutputReader:
         elif self.tool_parser is not None and content:
             content, parsed = self.tool_parser.extract(content)
             calls = [R.ToolCall(id=c.id, function=R.FunctionCall(name=c.name, arguments=c.arguments)) for c in parsed]
-        return R.AssistantMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
+        return R.AssistantMessage(content=content, reasoning=reasoning if self.include_reasoning else None,
+                                  tool_calls=calls)
 
     @staticmethod
     def _forced(items, text: str) -> tuple[list[R.ToolCall], str | None]:
@@ -119,6 +127,7 @@ class ChoiceStreamer:
         reasoning, content = "", text
         if self.reasoning is not None:
             reasoning, content = self.reasoning.finish() if final else self.reasoning.feed(text)
+            reasoning = reasoning if r.include_reasoning else ""
         calls = None
         if self.tools is not None:
             fed, deltas = self.tools.feed(content) if content else ("", [])
@@ -129,7 +138,7 @@ class ChoiceStreamer:
             self.num_calls = self.tools.num_calls
         if not reasoning and not content and not calls:
             return None
-        return R.DeltaMessage(reasoning_content=reasoning or None, content=content or None, tool_calls=calls)
+        return R.DeltaMessage(reasoning=reasoning or None, content=content or None, tool_calls=calls)
 
 
 def _loads(text: str):

@@ -32,6 +32,15 @@ async def _reply(send, status: int, body: bytes, headers: list[tuple[bytes, byte
     await send({"type": "http.response.body", "body": body})
 
 
+def route_path(scope) -> str:
+    """The path the routes see: without ``--root-path``'s prefix when the request has it (``/llm/v1/models``
+    and ``/v1/models`` are one route, as FastAPI routes them)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("/", ""):
+        return path[len(root):]
+    return path
+
+
 class RequestGuard:
     """ASGI middleware: API keys (compared in constant time) on the protected routes, and the body size cap."""
 
@@ -52,7 +61,7 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = scope["headers"]
-        if self.keys and scope["path"].startswith(PROTECTED) and not self._authorized(headers):
+        if self.keys and route_path(scope).startswith(PROTECTED) and not self._authorized(headers):
             body = _error_body("invalid or missing API key: send 'Authorization: Bearer <key>'",
                                "invalid_request_error", "invalid_api_key")
             return await _reply(send, 401, body, [(b"www-authenticate", b"Bearer")])

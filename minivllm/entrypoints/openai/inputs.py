@@ -108,6 +108,10 @@ class Tokenization:
             return self.decode_now(token_ids, skip_special_tokens)
         return await asyncio.to_thread(self.decode_now, token_ids, skip_special_tokens)
 
+    def decode_now_with_special(self, token_ids: list[int]) -> str:
+        """:meth:`decode_now` keeping the special tokens (a reasoning parser's tags may be special)."""
+        return self.decode_now(token_ids, skip_special_tokens=False)
+
     def decode_now(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         """:meth:`decode` on this thread (for a few tokens)."""
         if self.tokenizer is None:

@@ -93,7 +93,7 @@ class PrometheusStatLogger:
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to the end of the request.")
         self._admission = Counter("vllm:admission_rejections", "Requests turned away at admission (429: too many "
                                   "sequences waiting), by reason.", names + ["reason"], registry=r)
-        for reason in ADMISSION_REASONS:
+        for reason in ADMISSION_REASONS:  # each series exists from the start, at 0
             self._admission.labels(model_name, reason)
         phase = "Time of a finished request in its {} phase (vLLM's)."
         self.queue_time = histogram("vllm:request_queue_time_seconds", phase.format("waiting"), PHASE_BUCKETS)

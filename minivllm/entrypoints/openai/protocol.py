@@ -118,6 +118,10 @@ class SamplingRequest(BaseModel):
     # vLLM's beam search (``beam_search.py``): the n best of best_of (default n) beams
     use_beam_search: bool = False
     length_penalty: float = 1.0
+    watermarking: bool | None = None  # false: sample without the server's --watermark-config (vLLM's)
+    # vLLM's: at most this many tokens of reasoning, then its end is forced (-1: no cap; needs --reasoning-config
+    # or --reasoning-parser)
+    thinking_token_budget: int | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -162,7 +166,8 @@ class SamplingRequest(BaseModel):
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side or "left",
-            structured_outputs=structured_outputs)
+            structured_outputs=structured_outputs, watermarking=self.watermarking,
+            thinking_token_budget=self.thinking_token_budget)
 
 
 class CompletionRequest(SamplingRequest):
@@ -185,8 +190,11 @@ class ChatMessage(BaseModel):
 
     def to_template(self) -> dict[str, Any]:
         """The message as the chat template expects it: text parts joined, and the arguments of an assistant's
-        ``tool_calls`` as objects (OpenAI sends them as JSON text; templates write them out as JSON)."""
+        ``tool_calls`` as objects (OpenAI sends them as JSON text; templates write them out as JSON), and the
+        deprecated ``reasoning_content`` under its vLLM 0.33 name ``reasoning``."""
         d = self.model_dump(exclude_none=True)
+        if "reasoning_content" in d:
+            d.setdefault("reasoning", d.pop("reasoning_content"))
         calls = d.get("tool_calls")
         if calls is not None:
             d["tool_calls"] = [_template_call(c) for c in calls] if isinstance(calls, list) else calls
@@ -227,6 +235,9 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    include_reasoning: bool = True
+    """vLLM's: false leaves the reasoning (``--reasoning-parser``) out of the response; its tokens still count in
+    ``usage.completion_tokens_details.reasoning_tokens``."""
 
     @property
     def effective_tool_choice(self) -> ToolChoice:

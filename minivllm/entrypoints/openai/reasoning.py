@@ -1,4 +1,4 @@
-"""Reasoning parsers: split a thinking model's output into ``reasoning_content`` and ``content``, whole or
+"""Reasoning parsers: split a thinking model's output into ``reasoning`` and ``content``, whole or
 as it streams. Pure Python.
 
 Qwen3 writes ``<think>\\n...\\n</think>\\n\\nanswer``. Rules (the same for ``extract`` and the streamer):
@@ -20,6 +20,8 @@ applies the rules above. ``thinking_from_prompt`` reads it off a rendered prompt
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from minivllm.entrypoints.openai.tool_parsers.stream_out import held_suffix
 
@@ -107,8 +109,10 @@ class Qwen3ReasoningParser:
     """Splits Qwen3 (and QwQ / DeepSeek-R1-style) ``<think>`` output into reasoning and content (module
     docstring: the rules)."""
 
+    reasoning_start_str, reasoning_end_str = THINK_OPEN, THINK_CLOSE  # the markers (``--reasoning-config``)
+
     def extract(self, text: str, *, thinking: bool | None = None) -> tuple[str | None, str | None]:
-        """``(reasoning_content, content)`` of a whole output; ``None`` for a blank part."""
+        """``(reasoning, content)`` of a whole output; ``None`` for a blank part."""
         if thinking is False:
             return None, _part(text.lstrip("\n"))
         opened = text.startswith(THINK_OPEN)
@@ -120,6 +124,22 @@ class Qwen3ReasoningParser:
         if found:
             return _part(reasoning), _part(after.lstrip("\n"))
         return _part(text), None
+
+    def count_tokens(self, token_ids: list[int], decode: Callable[[list[int]], str], *,
+                     thinking: bool | None = None) -> int:
+        """How many of an output's ``token_ids`` are reasoning (``usage.completion_tokens_details``): those
+        between the think block's tags, the tags' own tokens left out, as vLLM counts them; all of them when the
+        block is not closed. ``decode`` turns ids into text (special tokens kept); it is called on a few
+        prefixes only (the end of the block is found by bisection)."""
+        text = decode(token_ids)
+        opened = thinking is not False and text.startswith(THINK_OPEN)
+        if thinking is False or not (opened or thinking):
+            return 0
+        first = _first_prefix(token_ids, decode, lambda t: len(t) >= len(THINK_OPEN)) if opened else 0
+        if THINK_CLOSE not in text:
+            return len(token_ids) - first
+        end = _first_prefix(token_ids, decode, lambda t: THINK_CLOSE in t)
+        return max(0, end - 1 - first)  # the token that completes ``</think>`` is the tag's
 
     def streamer(self, *, thinking: bool | None = None) -> Qwen3ReasoningStreamer:
         """A fresh incremental parser for one output (``thinking``: as for ``extract``)."""
@@ -135,5 +155,28 @@ class Qwen3ReasoningParser:
         return True if tail.endswith(THINK_OPEN) else None
 
 
+def _first_prefix(token_ids: list[int], decode: Callable[[list[int]], str], holds: Callable[[str], bool]) -> int:
+    """The smallest ``n`` whose ``decode(token_ids[:n])`` ``holds`` (a property that, once true, stays true as
+    the prefix grows; it must hold for the whole output)."""
+    lo, hi = 1, len(token_ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(decode(token_ids[:mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 #: ``--reasoning-parser`` names (vLLM's) to parser classes
 REASONING_PARSERS = {"qwen3": Qwen3ReasoningParser}
+
+
+def with_reasoning_markers(engine_kwargs: dict, reasoning_parser: str | None) -> dict:
+    """``engine_kwargs`` with ``reasoning_config`` (for ``thinking_token_budget``) taken from the reasoning
+    parser's markers where the user did not give one, as vLLM derives it."""
+    if reasoning_parser is None or engine_kwargs.get("reasoning_config") is not None:
+        return engine_kwargs
+    parser = REASONING_PARSERS[reasoning_parser]
+    return {**engine_kwargs, "reasoning_config": {"reasoning_start_str": parser.reasoning_start_str,
+                                                  "reasoning_end_str": parser.reasoning_end_str}}

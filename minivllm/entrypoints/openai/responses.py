@@ -15,6 +15,13 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's breakdown of the completion tokens: ``reasoning_tokens`` were the model's thinking (reported
+    when the server has a ``--reasoning-parser``, as vLLM)."""
+
+    reasoning_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     """Token counts of a response (in the last stream chunk with ``stream_options.include_usage``, in every
     chunk with ``continuous_usage_stats``)."""
@@ -23,6 +30,7 @@ class UsageInfo(BaseModel):
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
     _report_cached: bool = PrivateAttr(False)  # the server reports prefix-cache hits (--enable-prompt-tokens-details)
 
     @classmethod
@@ -154,13 +162,21 @@ class ToolCall(BaseModel):
 
 
 class AssistantMessage(BaseModel):
-    """The generated message of a chat choice: its text, the model's reasoning (``--reasoning-parser``) and
-    the tools it called."""
+    """The generated message of a chat choice: its text, the model's reasoning (``--reasoning-parser``; the field
+    is ``reasoning`` as in vLLM 0.33, which no longer sends ``reasoning_content``) and the tools it called
+    (left out when there are none, as vLLM)."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _drop_no_calls(self, handler):
+        data = handler(self)
+        if not data.get("tool_calls"):
+            data.pop("tool_calls", None)
+        return data
 
 
 class DeltaFunctionCall(_Sparse):
@@ -203,7 +219,7 @@ class DeltaMessage(_Sparse):
 
     role: str | None = None
     content: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

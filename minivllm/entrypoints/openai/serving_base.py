@@ -31,6 +31,13 @@ def first(k: int) -> int | None:
     return None if k == -1 else k
 
 
+def _generated_first(token_id: int, logprobs: dict[int, float]) -> list[tuple[int, float]]:
+    """A position's ``(token, logprob)`` candidates with the generated token first, then by descending logprob
+    (ties: the lower id first), as vLLM's engine orders them."""
+    rest = sorted((kv for kv in logprobs.items() if kv[0] != token_id), key=lambda kv: (-kv[1], kv[0]))
+    return ([(token_id, logprobs[token_id])] if token_id in logprobs else []) + rest
+
+
 class ModelResponse(Response):
     """A JSON response that keeps the response model it was made of (``payload``), for a caller that puts several
     together (``/v1/chat/completions/batch``)."""
@@ -223,8 +230,9 @@ class ServingBase:
         return offset + len(s)
 
     def chat_logprobs(self, ids, lps, k, as_id: bool, chosen: bool = False) -> R.ChatLogprobs | None:
-        """Chat's shape of generated tokens' logprobs (None unless asked): the ``k`` most likely tokens, or with
-        ``chosen`` (``logprob_token_ids``) the token and those ids, in that order (as vLLM)."""
+        """Chat's shape of generated tokens' logprobs (None unless asked): ``k`` alternatives in vLLM 0.33's order,
+        the generated token first, then the most likely of the others (so a generated token outside the top
+        ``k`` leaves out the k-th); with ``chosen`` (``logprob_token_ids``) the token and those ids, in that order."""
         if k is None or lps is None:
             return None
 
@@ -235,8 +243,7 @@ class ServingBase:
         # a generated token's bytes are its text's, even as "token_id:N"; an alternative's, its token's (vLLM's)
         return R.ChatLogprobs(content=[
             entry(R.TokenLogprob, tid, lp[tid], text=self.token_str(tid), top_logprobs=[
-                entry(R.TopLogprob, t, v) for t, v in (
-                    lp.items() if chosen else sorted(lp.items(), key=lambda kv: -kv[1])[:first(k)])])
+                entry(R.TopLogprob, t, v) for t, v in (lp.items() if chosen else _generated_first(tid, lp)[:first(k)])])
             for tid, lp in zip(ids, lps)])
 
     def check_request(self, req: P.SamplingRequest) -> None:

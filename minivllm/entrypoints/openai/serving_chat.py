@@ -43,7 +43,7 @@ class ChatServing(ServingBase):
         ids = await self.tokenization.chat(req.messages, req.template_args())
         tail = self.tokenization.decode_now(ids[-8:], skip_special_tokens=False) if self.parsers.reasoning_parser else ""
         reader = ChatOutputReader(choice if req.tools else "none", self.parsers.tool_call_parser,
-                                  self.parsers.reasoning_parser, tail)
+                                  self.parsers.reasoning_parser, tail, req.include_reasoning)
         ids = truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side or "left")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
@@ -84,14 +84,24 @@ class ChatServing(ServingBase):
                 finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)), stop_reason=c.stop_reason,
                 token_ids=list(c.token_ids) if with_ids else None))
         usage = final_usage([out], self.usage_options)
+        self._count_reasoning(usage, reader, [c.token_ids for c in out.outputs])
         return json_response(R.ChatCompletionResponse(
             id=rid, model=self.model_name, choices=choices, usage=usage,
             prompt_logprobs=self.prompt_logprobs(out) if params.prompt_logprobs is not None else None,
             prompt_token_ids=list(out.prompt_token_ids) if with_ids else None,
             metrics=self.metrics_of([out], req.n, usage.completion_tokens)))
 
+    def _count_reasoning(self, usage: R.UsageInfo, reader: ChatOutputReader, outputs: list[list[int]]) -> None:
+        """``usage.completion_tokens_details.reasoning_tokens``, where the server has a reasoning parser (vLLM's)."""
+        if self.parsers.reasoning_parser is None:
+            return
+        decode = self.tokenization.decode_now_with_special
+        usage.completion_tokens_details = R.CompletionTokensDetails(
+            reasoning_tokens=sum(reader.reasoning_tokens(list(ids), decode) for ids in outputs))
+
     async def _chat_stream(self, req, rid, streams, ids, k, echo, reader) -> AsyncIterator[str]:
         sent: dict[int, int] = {}
+        generated: dict[int, list[int]] = {}  # each choice's token ids, for the reasoning tokens of the usage
         streamers = [reader.streamer() for _ in range(req.n)]
         usage = new_usage(len(ids), self.usage_options)
 
@@ -114,6 +124,7 @@ class ChatServing(ServingBase):
             lp = self.chat_logprobs(c.delta_token_ids, c.delta_logprobs, k, self.as_ids(req),
                                     bool(req.logprob_token_ids))
             st = streamers[c.index]
+            generated.setdefault(c.index, []).extend(c.delta_token_ids)
             ids_now = list(c.delta_token_ids) if req.return_token_ids else None
             delta = st.feed(text) if text else None
             if c.finished:
@@ -129,6 +140,7 @@ class ChatServing(ServingBase):
                     finish_reason=_finish_reason(c.finish_reason, st.num_calls > 0), stop_reason=c.stop_reason,
                     token_ids=ids_now))
         if req.include_usage:
+            self._count_reasoning(usage, reader, list(generated.values()))
             yield sse(R.ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=usage,
                                             metrics=self.metrics_of([latest], req.n, usage.completion_tokens)))
         yield "data: [DONE]\n\n"

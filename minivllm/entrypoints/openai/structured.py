@@ -38,13 +38,34 @@ def tool_schema(tools: list[Tool], choice: ToolChoice, parallel: bool) -> tuple[
         return _params_schema(fn), fn.name
     if choice != "required":
         return None
-    calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                               "parameters": _params_schema(t.function)},
-              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
+    params = [dict(_params_schema(t.function)) for t in tools]  # copies: the hoisting edits them
+    defs = _hoist_defs(tools, params)
+    calls = [{"type": "object", "properties": {"name": {"const": t.function.name}, "parameters": p},
+              "required": ["name", "parameters"], "additionalProperties": False} for t, p in zip(tools, params)]
     array = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
     if not parallel:
         array["maxItems"] = 1
+    if defs:
+        array["$defs"] = defs
     return array, None
+
+
+def _hoist_defs(tools: list[Tool], params: list[dict[str, Any]]) -> dict[str, Any]:
+    """Moves each tool's ``$defs`` out of its ``params`` into one table for the root of the combined schema,
+    where their ``#/$defs/...`` references point (as vLLM). Two tools may share a definition only if it is
+    the same schema."""
+    defs: dict[str, Any] = {}
+    for tool, p in zip(tools, params):
+        own = p.pop("$defs", {})
+        if not isinstance(own, dict):
+            raise APIError(400, f"`$defs` in the parameters of tool {tool.function.name!r} must be an object, "
+                                f"got {type(own).__name__}", param="tools")
+        for name, schema in own.items():
+            if name in defs and defs[name] != schema:
+                raise APIError(400, f"tool definition {name!r} has different schemas in two tools' `$defs`, "
+                                    f"which tool_choice='required' cannot combine", param="tools")
+            defs[name] = schema
+    return defs
 
 
 def constraint(response_format: ResponseFormat | None, structured: StructuredOutputsRequest | None,
