@@ -1,0 +1,52 @@
+"""The engine on mixture-of-experts models on the GPU: the fused Triton MoE kernels under CUDA graphs give the
+tokens of eager mode and of the CPU's torch path (float32), and the transformers tokens in float32."""
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from tests.helpers.moe_checkpoints import MOE_SHAPES, build_moe_checkpoint
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+# prompts of several lengths (token ids of the tiny vocabulary), so that prefill and decode batches vary
+PROMPTS = [[(7 * i + 13 * j) % 200 + 3 for j in range(5 + 3 * i)] for i in range(20)]
+
+
+def ids(outs):
+    return [o["token_ids"] for o in outs]
+
+
+@pytest.fixture(scope="module", params=sorted(MOE_SHAPES))
+def moe_model(request, tmp_path_factory) -> str:
+    return str(build_moe_checkpoint(tmp_path_factory.mktemp(f"moe-{request.param}"), request.param, seed=3))
+
+
+def test_moe_graphs_equal_eager_and_cpu_float32(moe_model):
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=32, gpu_memory_utilization=0.3)
+    cpu = LLM(moe_model, device="cpu")
+    expected = ids(cpu.generate(PROMPTS, GREEDY, use_tqdm=False))
+    cpu.close()
+    eager = LLM(moe_model, enforce_eager=True, **kw)
+    got_eager = ids(eager.generate(PROMPTS, GREEDY, use_tqdm=False))
+    eager.close()
+    graphs = LLM(moe_model, **kw)
+    assert graphs.engine.executor.runner.graph_runner is not None
+    got_graphs = ids(graphs.generate(PROMPTS, GREEDY, use_tqdm=False))
+    graphs.close()
+    assert got_graphs == got_eager
+    # float32 on both sides, TF32 off: the first tokens agree; a near tie may flip a later one
+    assert [g[:8] for g in got_graphs] == [c[:8] for c in expected]
+    agree = sum(g == c for g, c in zip(got_graphs, expected))
+    assert agree >= 16, f"only {agree}/20 full sequences agree with the CPU's torch path"
+
+
+def test_moe_bf16_runs_under_graphs_with_fp8_kv(moe_model):
+    """bf16 weights, the FP8 KV cache and CUDA graphs together: full-length outputs, the same twice."""
+    llm = LLM(moe_model, device="cuda", dtype="bfloat16", kv_cache_dtype="fp8", gpu_memory_utilization=0.3)
+    first = ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
+    again = ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
+    llm.close()
+    assert all(len(t) == GREEDY.max_tokens for t in first)
+    assert first == again
