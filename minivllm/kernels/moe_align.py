@@ -1,0 +1,144 @@
+"""``moe_align_block_size``: the ``n * top_k`` (token, pick) pairs of a MoE layer sorted by expert, each
+expert's run padded to a multiple of the grouped GEMM's row tile ``BLOCK_M``, on the GPU without a host sync.
+
+Outputs (vLLM's layout): ``sorted_token_ids`` [max_padded] int32 holds flat pair indices ``token * top_k +
+pick``, expert by expert, in pair order within an expert, each run padded with the sentinel ``n * top_k``;
+``expert_ids`` [cdiv(max_padded, BLOCK_M)] int32 is the expert of each row tile (-1 past the end);
+``num_tokens_post_padded`` [1] int32 (a device tensor) is the padded length actually used. ``max_padded`` is
+the bound ``n * top_k + min(n * top_k, E) * (BLOCK_M - 1)`` (at most that many experts have a pair, each
+pads fewer than ``BLOCK_M`` rows), known on the host from the shapes alone: a grid sized by it is the same
+at every call, which is what CUDA-graph capture needs; tiles past ``num_tokens_post_padded`` exit at once.
+
+Three kernels, all deterministic (no atomics): per chunk of ``CHUNK`` pairs, the count per expert
+(``_chunk_counts_kernel``); one program turns the counts into each expert's padded start, each chunk's start
+within each expert's run, the tile -> expert map and the sentinel fill (``_offsets_kernel``); per chunk, each
+pair's rank among the chunk's pairs of its expert, and its slot (``_scatter_kernel``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.kernels.pdl import pdl_options, pdl_wait
+
+
+@triton.jit
+def _chunk_counts_kernel(
+    ids_ptr,  # [numel] int32, the flat topk_ids
+    counts_ptr,  # [num_chunks, E_PAD] int32
+    numel,
+    E_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_wait(USE_PDL)
+    c = tl.program_id(0)
+    offs = c * CHUNK + tl.arange(0, CHUNK)  # [CHUNK]
+    ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1)  # [CHUNK]
+    e = tl.arange(0, E_PAD)  # [E_PAD]
+    counts = tl.sum((ids[:, None] == e[None, :]).to(tl.int32), 0)  # [E_PAD]
+    tl.store(counts_ptr + c * E_PAD + e, counts)
+
+
+@triton.jit
+def _offsets_kernel(
+    counts_ptr,  # [num_chunks, E_PAD] int32: in, the counts; out, each chunk's first slot per expert
+    expert_ids_ptr,  # [num_tiles] int32
+    sorted_ptr,  # [max_padded] int32
+    post_pad_ptr,  # [1] int32
+    E,
+    num_chunks,
+    num_tiles,
+    max_padded,
+    sentinel,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    FILL: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_wait(USE_PDL)
+    e = tl.arange(0, E_PAD)  # [E_PAD]
+    total = tl.zeros([E_PAD], dtype=tl.int32)
+    for c in range(num_chunks):
+        total += tl.load(counts_ptr + c * E_PAD + e)
+    padded = tl.cdiv(total, BLOCK_M) * BLOCK_M  # [E_PAD]
+    end = tl.cumsum(padded, 0)  # [E_PAD] each expert's run ends here
+    start = end - padded  # [E_PAD]
+    # each chunk's pairs of expert e start after the earlier chunks' pairs of e
+    running = start
+    for c in range(num_chunks):
+        here = tl.load(counts_ptr + c * E_PAD + e)
+        tl.store(counts_ptr + c * E_PAD + e, running)
+        running += here
+    used = tl.sum(padded, 0)
+    tl.store(post_pad_ptr, used)
+    # a tile's expert: how many experts' runs end at or before the tile's first row (runs past E never end)
+    end = tl.where(e < E, end, 1 << 30)
+    for t0 in range(0, num_tiles, FILL):
+        t = t0 + tl.arange(0, FILL)  # [FILL]
+        first = t * BLOCK_M
+        expert = tl.sum((end[None, :] <= first[:, None]).to(tl.int32), 1)  # [FILL]
+        tl.store(expert_ids_ptr + t, tl.where(first < used, expert, -1), mask=t < num_tiles)
+    for s0 in range(0, max_padded, FILL):
+        s = s0 + tl.arange(0, FILL)  # [FILL]
+        tl.store(sorted_ptr + s, tl.zeros([FILL], dtype=tl.int32) + sentinel, mask=s < max_padded)
+
+
+@triton.jit
+def _scatter_kernel(
+    ids_ptr,  # [numel] int32
+    offsets_ptr,  # [num_chunks, E_PAD] int32: each chunk's first slot per expert
+    sorted_ptr,  # [max_padded] int32
+    numel,
+    E_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_wait(USE_PDL)
+    c = tl.program_id(0)
+    i = tl.arange(0, CHUNK)  # [CHUNK]
+    offs = c * CHUNK + i
+    mask = offs < numel
+    ids = tl.load(ids_ptr + offs, mask=mask, other=-1)  # [CHUNK]
+    # rank among the chunk's earlier pairs with the same expert
+    before = (ids[:, None] == ids[None, :]) & (i[None, :] < i[:, None])  # [CHUNK, CHUNK]
+    rank = tl.sum(before.to(tl.int32), 1)  # [CHUNK]
+    first = tl.load(offsets_ptr + c * E_PAD + ids, mask=mask, other=0)  # [CHUNK]
+    tl.store(sorted_ptr + first + rank, offs, mask=mask)
+
+
+def max_padded_len(numel: int, num_experts: int, block_m: int) -> int:
+    """The most slots ``sorted_token_ids`` can need for ``numel`` pairs over ``num_experts`` experts."""
+    return numel + min(numel, num_experts) * (block_m - 1)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_m: int,
+                         num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``topk_ids`` [n, top_k] (int32, ids in ``[0, num_experts)``) -> ``(sorted_token_ids [max_padded] int32,
+    expert_ids [cdiv(max_padded, block_m)] int32, num_tokens_post_padded [1] int32)`` (see the module doc)."""
+    if topk_ids.dim() != 2 or topk_ids.dtype != torch.int32:
+        raise ValueError(f"topk_ids must be [n, top_k] int32, got {tuple(topk_ids.shape)} {topk_ids.dtype}")
+    if block_m < 1 or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be a power of two, got {block_m}")
+    ids = topk_ids.contiguous().view(-1)  # [numel]
+    numel, dev = ids.numel(), ids.device
+    max_padded = max_padded_len(numel, num_experts, block_m)
+    num_tiles = triton.cdiv(max_padded, block_m)
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(num_tiles, dtype=torch.int32, device=dev)
+    post_pad = torch.zeros(1, dtype=torch.int32, device=dev)
+    if numel == 0:
+        return sorted_ids, expert_ids.fill_(-1), post_pad
+    e_pad = triton.next_power_of_2(num_experts)
+    chunk = max(16, min(128, 16384 // e_pad))  # [CHUNK, E_PAD] and [CHUNK, CHUNK] compares in registers
+    num_chunks = triton.cdiv(numel, chunk)
+    counts = torch.empty(num_chunks, e_pad, dtype=torch.int32, device=dev)  # [num_chunks, E_PAD]
+    pdl = pdl_options(topk_ids)
+    _chunk_counts_kernel[(num_chunks,)](ids, counts, numel, E_PAD=e_pad, CHUNK=chunk, num_warps=4, **pdl)
+    _offsets_kernel[(1,)](counts, expert_ids, sorted_ids, post_pad, num_experts, num_chunks, num_tiles, max_padded,
+                          numel, BLOCK_M=block_m, E_PAD=e_pad, FILL=max(16, min(256, 8192 // e_pad)), num_warps=4,
+                          **pdl)
+    _scatter_kernel[(num_chunks,)](ids, counts, sorted_ids, numel, E_PAD=e_pad, CHUNK=chunk, num_warps=4, **pdl)
+    return sorted_ids, expert_ids, post_pad
