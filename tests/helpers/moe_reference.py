@@ -71,3 +71,55 @@ def moe_weights(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, s
     w13 = torch.randn(num_experts, 2 * inter, hidden, generator=g) / hidden**0.5
     w2 = torch.randn(num_experts, hidden, inter, generator=g) / inter**0.5
     return w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype)
+
+
+def quantize_experts_fp8(w13: torch.Tensor, w2: torch.Tensor, block: tuple[int, int] | None):
+    """``(w13_8, w13_scale, w2_8, w2_scale)``: each expert's gate, up and down weights quantized to e4m3 apart
+    (per output channel, or per ``block``), the gate's scales before the up's (``fused_moe_triton``'s layout)."""
+    from minivllm.kernels.torch_backend import quantize_weight_fp8_ref
+
+    inter = w13.shape[1] // 2
+    q13, s13, q2, s2 = [], [], [], []
+    for e in range(w13.shape[0]):
+        gate, up, down = (quantize_weight_fp8_ref(w.float().cpu(), block)
+                          for w in (w13[e, :inter], w13[e, inter:], w2[e]))
+        q13.append(torch.cat([gate[0], up[0]]))
+        s13.append(torch.cat([gate[1], up[1]]))
+        q2.append(down[0])
+        s2.append(down[1])
+    return torch.stack(q13), torch.stack(s13), torch.stack(q2), torch.stack(s2)
+
+
+def fused_moe_fp8_naive(x, w13_8, w13_scale, w2_8, w2_scale, block, topk_weights, topk_ids,
+                        quantize_acts: bool) -> torch.Tensor:
+    """``[n, H]`` float64 with the dequantized FP8 experts. ``quantize_acts`` (the grouped W8A8 path): ``x`` and
+    the SiLU-and-mul activations (rounded to ``x``'s dtype first, as the kernel stores them) pass through the
+    per-token (per-token-group with blocks) e4m3 quantizer, as the kernels' inputs do."""
+    from minivllm.kernels.torch_backend import dequantize_weight_fp8_ref, quantize_fp8_ref
+
+    group = None if block is None else block[1]
+
+    def through_fp8(a):
+        if not quantize_acts:
+            return a.double()
+        q, s = quantize_fp8_ref(a.float(), group)
+        k = a.shape[1]
+        g = k if group is None else group
+        return q.double() * s.double().repeat_interleave(g, 1)[:, :k]
+
+    n, hidden = x.shape
+    inter = w13_8.shape[1] // 2
+    xs = through_fp8(x)
+    out = torch.zeros(n, hidden, dtype=torch.float64)
+    for e in topk_ids.unique().tolist():
+        token, pick = (topk_ids == e).nonzero(as_tuple=True)
+        half = w13_scale.shape[1] // 2  # the gate's scales, then the up's
+        w13 = torch.cat([dequantize_weight_fp8_ref(w13_8[e, :inter], w13_scale[e, :half], block, torch.float64),
+                         dequantize_weight_fp8_ref(w13_8[e, inter:], w13_scale[e, half:], block, torch.float64)])
+        w2 = dequantize_weight_fp8_ref(w2_8[e], w2_scale[e], block, torch.float64)
+        gate_up = xs[token] @ w13.T  # [rows, 2I]
+        act = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).to(x.dtype)  # [rows, I]
+        y = through_fp8(act) @ w2.T * topk_weights[token, pick].double()[:, None]  # [rows, H]
+        out.index_add_(0, token, y)
+    return out
+
