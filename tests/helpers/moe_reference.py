@@ -74,14 +74,15 @@ def moe_weights(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, s
 
 
 def quantize_experts_fp8(w13: torch.Tensor, w2: torch.Tensor, block: tuple[int, int] | None):
-    """``(w13_8, w13_scale, w2_8, w2_scale)``: each expert's gate, up and down weights quantized to e4m3 apart
-    (per output channel, or per ``block``), the gate's scales before the up's (``fused_moe_triton``'s layout)."""
+    """``(w13_8, w13_scale, w2_8, w2_scale)`` on the weights' device: each expert's gate, up and down weights
+    quantized to e4m3 apart (per output channel, or per ``block``), the gate's scales before the up's
+    (``fused_moe_triton``'s layout)."""
     from minivllm.kernels.torch_backend import quantize_weight_fp8_ref
 
     inter = w13.shape[1] // 2
     q13, s13, q2, s2 = [], [], [], []
     for e in range(w13.shape[0]):
-        gate, up, down = (quantize_weight_fp8_ref(w.float().cpu(), block)
+        gate, up, down = (quantize_weight_fp8_ref(w.float(), block)
                           for w in (w13[e, :inter], w13[e, inter:], w2[e]))
         q13.append(torch.cat([gate[0], up[0]]))
         s13.append(torch.cat([gate[1], up[1]]))
@@ -110,7 +111,7 @@ def fused_moe_fp8_naive(x, w13_8, w13_scale, w2_8, w2_scale, block, topk_weights
     n, hidden = x.shape
     inter = w13_8.shape[1] // 2
     xs = through_fp8(x)
-    out = torch.zeros(n, hidden, dtype=torch.float64)
+    out = torch.zeros(n, hidden, dtype=torch.float64, device=x.device)
     for e in topk_ids.unique().tolist():
         token, pick = (topk_ids == e).nonzero(as_tuple=True)
         half = w13_scale.shape[1] // 2  # the gate's scales, then the up's
