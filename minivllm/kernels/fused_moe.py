@@ -15,7 +15,8 @@ run under CUDA-graph capture:
 - **decode** (a few pairs): the GEMV-shaped kernels of ``minivllm.kernels.gemv``, applied to the picked
   experts only: each program streams ``BLOCK_N`` rows of one picked expert's weight through float32 FMAs (no
   MMA, no padding to a tile, no alignment step); the down kernel loops over the token's picks in order,
-  so the sum over them happens in its registers: two launches in all.
+  so the sum over them happens in its registers: two launches in all. The pairs are the fastest grid axis,
+  so two tokens that picked one expert read its rows at about the same time (the second from L2).
 """
 
 from __future__ import annotations
@@ -218,26 +219,29 @@ def _moe_gemv_down_kernel(
     NUM_STAGES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """One token a program row (axis 0), ``BLOCK_N`` output columns a program, its picks summed in order."""
+    """One token a program row (axis 0), ``BLOCK_N`` output columns a program, its picks summed in order. The
+    picks' K loops run as one loop, so that the load pipeline does not drain and refill at each pick."""
     pdl_wait(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    w_cols = rn[:, None].to(tl.int64) * stride_wn  # [BN, 1]
+    s_cols = (rn // GROUP_N) * stride_sn  # [BN] (HAS_SCALE)
+    num_k = tl.cdiv(K, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        pair = token * TOP_K + j
+    for step in tl.range(0, TOP_K * num_k, num_stages=NUM_STAGES):
+        pair = token * TOP_K + step // num_k
+        k = (step % num_k) * BLOCK_K
+        kk = k + rk
         expert = tl.load(ids_ptr + pair).to(tl.int64)
-        weight = tl.load(topk_w_ptr + pair)
-        w_rows = w_ptr + expert * stride_we + rn[:, None].to(tl.int64) * stride_wn  # [BN, 1]
-        s_rows = scale_ptr + expert * stride_se + (rn // GROUP_N) * stride_sn  # [BN] (HAS_SCALE)
-        for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-            kk = k + rk
-            a = tl.load(a_ptr + pair * stride_am + kk, mask=kk < K, other=0.0).to(tl.float32) * weight  # [BK]
-            w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)  # [BN, BK]
-            w = w.to(tl.float32)
-            if HAS_SCALE:
-                w *= tl.load(s_rows + (k // GROUP_K) * stride_sk, mask=rn < N, other=0.0)[:, None]
-            acc += w * a[None, :]
+        a = tl.load(a_ptr + pair * stride_am + kk, mask=kk < K, other=0.0).to(tl.float32)  # [BK]
+        a *= tl.load(topk_w_ptr + pair)
+        w = tl.load(w_ptr + expert * stride_we + w_cols + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K),
+                    other=0.0).to(tl.float32)  # [BN, BK]
+        if HAS_SCALE:
+            w *= tl.load(scale_ptr + expert * stride_se + s_cols + (k // GROUP_K) * stride_sk, mask=rn < N,
+                         other=0.0)[:, None]
+        acc += w * a[None, :]
     out = tl.sum(acc, 1)  # [BLOCK_N]
     tl.store(out_ptr + token * stride_om + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
 

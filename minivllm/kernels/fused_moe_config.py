@@ -21,9 +21,10 @@ import torch
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
-#: the most (token, pick) pairs the decode kernels take (one token at top-8, four at top-2); the grouped GEMMs
-#: above. ``benchmarks/kernels/fused_moe_bench.py`` times both paths, to move this bound on a GPU.
-DECODE_MAX_PAIRS = 8
+#: the most (token, pick) pairs the decode kernels take (two tokens at top-8, eight at top-2); the grouped GEMMs
+#: above, whose few row tiles at such sizes leave most SMs idle. Not yet measured:
+#: ``benchmarks/kernels/fused_moe_bench.py`` times both paths, to move this bound on a GPU.
+DECODE_MAX_PAIRS = 16
 
 
 def device_name(device: torch.device | None = None) -> str:
