@@ -9,10 +9,11 @@ the bound ``n * top_k + min(n * top_k, E) * (BLOCK_M - 1)`` (at most that many e
 pads fewer than ``BLOCK_M`` rows), known on the host from the shapes alone: a grid sized by it is the same
 at every call, which is what CUDA-graph capture needs; tiles past ``num_tokens_post_padded`` exit at once.
 
-Three kernels, all deterministic (no atomics): per chunk of ``CHUNK`` pairs, the count per expert
-(``_chunk_counts_kernel``); one program turns the counts into each expert's padded start, each chunk's start
-within each expert's run, the tile -> expert map and the sentinel fill (``_offsets_kernel``); per chunk, each
-pair's rank among the chunk's pairs of its expert, and its slot (``_scatter_kernel``).
+Three kernels, all deterministic (no atomics): per chunk of ``CHUNK`` pairs, the count per expert, and a
+slice of ``sorted_token_ids`` filled with the sentinel (``_chunk_counts_kernel``); one program turns the counts
+into each expert's padded start, each chunk's start within each expert's run and the tile -> expert map
+(``_offsets_kernel``); per chunk, each pair's rank among the chunk's pairs of its expert, and its slot
+(``_scatter_kernel``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ from minivllm.kernels.pdl import pdl_options, pdl_wait
 def _chunk_counts_kernel(
     ids_ptr,  # [numel] int32, the flat topk_ids
     counts_ptr,  # [num_chunks, E_PAD] int32
+    sorted_ptr,  # [max_padded] int32: filled with the sentinel here, a slice a program
     numel,
+    max_padded,
+    fill_per_program,
     E_PAD: tl.constexpr,
     CHUNK: tl.constexpr,
+    FILL: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
@@ -40,19 +45,21 @@ def _chunk_counts_kernel(
     e = tl.arange(0, E_PAD)  # [E_PAD]
     counts = tl.sum((ids[:, None] == e[None, :]).to(tl.int32), 0)  # [E_PAD]
     tl.store(counts_ptr + c * E_PAD + e, counts)
+    first = c * fill_per_program
+    for s0 in range(first, first + fill_per_program, FILL):
+        s = s0 + tl.arange(0, FILL)  # [FILL]
+        tl.store(sorted_ptr + s, tl.zeros([FILL], dtype=tl.int32) + numel,
+                 mask=(s < first + fill_per_program) & (s < max_padded))
 
 
 @triton.jit
 def _offsets_kernel(
     counts_ptr,  # [num_chunks, E_PAD] int32: in, the counts; out, each chunk's first slot per expert
     expert_ids_ptr,  # [num_tiles] int32
-    sorted_ptr,  # [max_padded] int32
     post_pad_ptr,  # [1] int32
     E,
     num_chunks,
     num_tiles,
-    max_padded,
-    sentinel,
     BLOCK_M: tl.constexpr,
     E_PAD: tl.constexpr,
     FILL: tl.constexpr,
@@ -81,9 +88,6 @@ def _offsets_kernel(
         first = t * BLOCK_M
         expert = tl.sum((end[None, :] <= first[:, None]).to(tl.int32), 1)  # [FILL]
         tl.store(expert_ids_ptr + t, tl.where(first < used, expert, -1), mask=t < num_tiles)
-    for s0 in range(0, max_padded, FILL):
-        s = s0 + tl.arange(0, FILL)  # [FILL]
-        tl.store(sorted_ptr + s, tl.zeros([FILL], dtype=tl.int32) + sentinel, mask=s < max_padded)
 
 
 @triton.jit
@@ -136,9 +140,9 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int,
     num_chunks = triton.cdiv(numel, chunk)
     counts = torch.empty(num_chunks, e_pad, dtype=torch.int32, device=dev)  # [num_chunks, E_PAD]
     pdl = pdl_options(topk_ids)
-    _chunk_counts_kernel[(num_chunks,)](ids, counts, numel, E_PAD=e_pad, CHUNK=chunk, num_warps=4, **pdl)
-    _offsets_kernel[(1,)](counts, expert_ids, sorted_ids, post_pad, num_experts, num_chunks, num_tiles, max_padded,
-                          numel, BLOCK_M=block_m, E_PAD=e_pad, FILL=max(16, min(256, 8192 // e_pad)), num_warps=4,
-                          **pdl)
+    _chunk_counts_kernel[(num_chunks,)](ids, counts, sorted_ids, numel, max_padded, triton.cdiv(max_padded, num_chunks),
+                                        E_PAD=e_pad, CHUNK=chunk, FILL=512, num_warps=4, **pdl)
+    _offsets_kernel[(1,)](counts, expert_ids, post_pad, num_experts, num_chunks, num_tiles, BLOCK_M=block_m,
+                          E_PAD=e_pad, FILL=max(16, min(256, 8192 // e_pad)), num_warps=4, **pdl)
     _scatter_kernel[(num_chunks,)](ids, counts, sorted_ids, numel, E_PAD=e_pad, CHUNK=chunk, num_warps=4, **pdl)
     return sorted_ids, expert_ids, post_pad
