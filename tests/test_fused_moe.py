@@ -95,7 +95,8 @@ def test_select_experts_bad_arguments_and_empty():
 
 
 @pytest.mark.parametrize("n, num_experts, top_k, block_m", [
-    (1, 8, 2, 16), (7, 8, 2, 16), (33, 64, 8, 16), (100, 128, 8, 32), (300, 8, 2, 64), (50, 128, 2, 16)])
+    (1, 8, 2, 16), (7, 8, 2, 16), (33, 64, 8, 16), (100, 128, 8, 32), (300, 8, 2, 64), (50, 128, 2, 16),
+    (40, 60, 4, 16), (500, 256, 8, 64)])
 def test_moe_align_block_size_is_exact(n, num_experts, top_k, block_m):
     """Each expert's run contiguous, in pair order, padded to the tile; every (token, pick) exactly once."""
     _, ids = uneven_routing(n, num_experts, top_k, seed=n, device=DEV)

@@ -10,7 +10,7 @@ router logits, so the loads are near uniform. The grouped path's tiles come from
 (``tune_fused_moe.py``) or the default.
 
     python benchmarks/kernels/fused_moe_bench.py [--models qwen3-30b-a3b mixtral-8x7b] [--ms 1 8 256 4096]
-        [--tp 1] [--fp8 block|channel] [--no-torch]
+        [--tp 1] [--fp8 block|channel] [--no-torch] [--decode-tiles 4x256x4x2,4x256x4x2]
 """
 
 from __future__ import annotations
@@ -28,6 +28,14 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 
 
+def parse_decode_tiles(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``"4x256x4x2,8x128x4x2"`` -> the ``decode_tiles`` argument of ``fused_moe_triton``."""
+    parts = [tuple(int(v) for v in part.split("x")) for part in text.split(",")]
+    if len(parts) != 2 or any(len(p) != 4 for p in parts):
+        raise argparse.ArgumentTypeError(f"want BNxBKxSTAGESxWARPS,BNxBKxSTAGESxWARPS, got {text!r}")
+    return parts[0], parts[1]
+
+
 def main() -> int:
     from moe_inputs import MODELS
 
@@ -38,6 +46,9 @@ def main() -> int:
     ap.add_argument("--fp8", choices=["block", "channel"], default=None, help="FP8 experts (no torch column)")
     ap.add_argument("--decode-up-to", type=int, default=64, help="time the decode path up to this many pairs")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch column")
+    ap.add_argument("--decode-tiles", type=parse_decode_tiles, default=None,
+                    help="the decode kernels' tiles, gate/up then down: BNxBKxSTAGESxWARPS,BNxBKxSTAGESxWARPS "
+                         "(default: fused_moe_config.decode_config)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("fused_moe_bench.py needs a CUDA GPU; nothing to do on this machine.")
@@ -71,7 +82,7 @@ def bench_model(model: str, args) -> None:
         x, weights, ids = make_tokens(shape, m)
 
         def run(decode=None, x=x, weights=weights, ids=ids):
-            return fused_moe_triton(x, w13, w2, weights, ids, decode=decode, **kw)
+            return fused_moe_triton(x, w13, w2, weights, ids, decode=decode, decode_tiles=args.decode_tiles, **kw)
 
         auto = time_in_graph(run, calls=10, iters=20)
         grouped = time_in_graph(lambda run=run: run(False), calls=10, iters=20)

@@ -96,7 +96,7 @@ def tune(shape, args) -> int:
     w13, w2, kw = make_weights(shape, args.fp8)
     path = args.out_dir / config_file_name(shape.num_experts, shape.inter, device_name(), fp8=args.fp8 is not None)
     table = {int(k): v for k, v in json.loads(path.read_text()).items()} if path.is_file() else {}
-    print(f"{torch.cuda.get_device_name()}: E={shape.num_experts} top-{shape.top_k} H={shape.hidden} "
+    print(f"{device_name()}: E={shape.num_experts} top-{shape.top_k} H={shape.hidden} "
           f"I={shape.inter} {'fp8 ' + args.fp8 if args.fp8 else 'bf16'} -> {path}")
     for m in args.batch_sizes:
         x, weights, ids = make_tokens(shape, m)

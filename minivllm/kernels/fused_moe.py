@@ -290,8 +290,8 @@ def _check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, blo
         want13, want2 = (num_experts, two_i), (num_experts, hidden)
     else:
         bn, bk = block
-        if bk & (bk - 1) or bk < 16:
-            raise ValueError(f"block_shape's K block must be a power of two of at least 16, got {block}")
+        if bk & (bk - 1) or bk < 32:
+            raise ValueError(f"block_shape's K block must be a power of two of at least 32, got {block}")
         want13 = (num_experts, 2 * triton.cdiv(inter, bn), triton.cdiv(hidden, bk))
         want2 = (num_experts, triton.cdiv(hidden, bn), triton.cdiv(inter, bk))
     for name, scale, want in (("w13_scale", w13_scale, want13), ("w2_scale", w2_scale, want2)):
