@@ -61,7 +61,7 @@ def test_decode_path_equals_grouped_path(m, num_experts, top_k, hidden, inter):
     ref = fused_moe_naive(x, w13, w2, weights, ids, acc_dtype=torch.float32)
     decode = fused_moe_triton(x, w13, w2, weights, ids, decode=True)
     grouped = fused_moe_triton(x, w13, w2, weights, ids, decode=False)
-    assert rel_err(decode, ref) < 5e-3 and rel_err(grouped, ref) < 5e-3
+    assert rel_err(decode, ref) < 1e-2 and rel_err(grouped, ref) < 1e-2
     torch.testing.assert_close(decode, grouped, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
 
 
@@ -82,14 +82,18 @@ def test_fp8_experts_equal_the_reference(m, decode, num_experts, top_k, hidden, 
 @pytest.mark.parametrize("n, num_experts, top_k", [(1, 128, 8), (256, 128, 8), (4096, 128, 8), (4096, 8, 2),
                                                    (777, 64, 8)])
 @pytest.mark.parametrize("renormalize", [True, False])
-def test_routing_at_real_sizes(n, num_experts, top_k, renormalize):
-    logits = torch.randn(n, num_experts, generator=torch.Generator().manual_seed(n)).cuda().to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_routing_at_real_sizes(n, num_experts, top_k, renormalize, dtype):
+    logits = torch.randn(n, num_experts, generator=torch.Generator().manual_seed(n)).cuda().to(dtype)
     weights, ids = select_experts_triton(logits, top_k, renormalize)
     ref_w, ref_ids = select_experts_naive(logits, top_k, renormalize)
-    # NOTE: bf16 logits tie often; the ids must agree except among equal probabilities
-    same = (ids == ref_ids).all(1)
-    assert same.float().mean() > 0.99
     torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
+    if dtype == torch.float32:
+        assert torch.equal(ids, ref_ids)
+    else:  # NOTE: bf16 logits tie often; among equal probabilities either expert is right
+        probs = torch.softmax(logits.float(), -1)
+        torch.testing.assert_close(probs.gather(1, ids.long()), probs.gather(1, ref_ids.long()), rtol=0, atol=0)
+        assert ((ids[:, :, None] == ids[:, None, :]).sum((1, 2)) == top_k).all()  # distinct experts per token
 
 
 @pytest.mark.parametrize("n, num_experts, top_k, block_m", [(1, 128, 8, 16), (4096, 128, 8, 64), (4096, 8, 2, 128),
