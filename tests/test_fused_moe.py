@@ -22,13 +22,13 @@ pytest.importorskip("triton")
 from minivllm.kernels import fused_moe_config  # noqa: E402
 from minivllm.kernels.fused_moe import fused_moe_triton, select_experts_triton  # noqa: E402
 from minivllm.kernels.moe_align import max_padded_len, moe_align_block_size  # noqa: E402
+from minivllm.kernels.moe_fp8_weights import quantize_moe_weights_fp8  # noqa: E402
 from tests.helpers.kernel_checks import gpu_rounding_in_interpreter, rel_err  # noqa: E402
 from tests.helpers.moe_reference import (  # noqa: E402
     align_naive,
     fused_moe_fp8_naive,
     fused_moe_naive,
     moe_weights,
-    quantize_experts_fp8,
     select_experts_naive,
     uneven_routing,
 )
@@ -235,7 +235,7 @@ def check_fp8(m, num_experts, top_k, dtype, decode, block, hidden=HIDDEN, inter=
     """FP8 experts against the dequantized weights in float64 (with the activations through the same e4m3
     quantizer on the grouped W8A8 path, the interpreter's casts rounding as the GPU's), to the tolerances above."""
     w13, w2 = moe_weights(num_experts, hidden, inter, torch.float32, seed=seed)
-    q13, s13, q2, s2 = (t.to(DEV) for t in quantize_experts_fp8(w13, w2, block))
+    q13, s13, q2, s2 = (t.to(DEV) for t in quantize_moe_weights_fp8(w13, w2, block))
     x = torch.randn(m, hidden, generator=torch.Generator().manual_seed(seed + m)).to(DEV, dtype)
     weights, ids = uneven_routing(m, num_experts, top_k, seed=seed + m, device=DEV)
     out = fused_moe_triton(x, q13, q2, weights, ids, config=config, w13_scale=s13, w2_scale=s2, block_shape=block,
@@ -277,7 +277,7 @@ def test_fp8_ragged_blocks_and_small_tiles(decode, gpu_rounding):
 
 def test_fp8_bad_scales():
     w13, w2 = moe_weights(8, HIDDEN, INTER, torch.float32)
-    q13, s13, q2, s2 = quantize_experts_fp8(w13, w2, (32, 32))
+    q13, s13, q2, s2 = quantize_moe_weights_fp8(w13, w2, (32, 32))
     x = torch.randn(3, HIDDEN)
     weights, ids = uneven_routing(3, 8, 2)
     with pytest.raises(ValueError, match="w13_scale"):
@@ -290,3 +290,18 @@ def test_fp8_bad_scales():
         fused_moe_triton(x, q13, w2, weights, ids, w13_scale=s13, w2_scale=s2, block_shape=(32, 32))
     with pytest.raises(ValueError, match="go with float8"):
         fused_moe_triton(x, w13, w2, weights, ids, w13_scale=s13)
+
+
+@pytest.mark.parametrize("block", [(128, 128), (32, 32), None])
+def test_moe_weight_quantizer_equals_the_per_expert_reference(block):
+    """quantize_moe_weights_fp8 is quantize_weight_fp8_ref on each expert's gate, up and down weights apart."""
+    from minivllm.kernels.torch_backend import quantize_weight_fp8_ref
+
+    w13, w2 = moe_weights(3, 72, 40, torch.bfloat16)
+    q13, s13, q2, s2 = quantize_moe_weights_fp8(w13, w2, block)
+    assert q13.dtype == q2.dtype == torch.float8_e4m3fn and s13.dtype == s2.dtype == torch.float32
+    for e in range(3):
+        parts = [quantize_weight_fp8_ref(w, block) for w in (w13[e, :40], w13[e, 40:], w2[e])]
+        assert torch.equal(q13[e].float(), torch.cat([parts[0][0], parts[1][0]]).float())
+        assert torch.equal(s13[e], torch.cat([parts[0][1], parts[1][1]]))
+        assert torch.equal(q2[e].float(), parts[2][0].float()) and torch.equal(s2[e], parts[2][1])

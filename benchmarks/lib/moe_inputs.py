@@ -45,23 +45,11 @@ def make_weights(shape: MoeShape, fp8: str | None, seed: int = 0) -> tuple[torch
     w2 = torch.randn(e, h, i, device="cuda", generator=g, dtype=torch.bfloat16) / i**0.5
     if fp8 is None:
         return w13, w2, {}
+    from minivllm.kernels.moe_fp8_weights import quantize_moe_weights_fp8
+
     block = FP8_BLOCK if fp8 == "block" else None
-    q13, s13 = _quantize(w13, block, gated=True)
-    q2, s2 = _quantize(w2, block, gated=False)
+    q13, s13, q2, s2 = quantize_moe_weights_fp8(w13, w2, block)
     return q13, q2, {"w13_scale": s13, "w2_scale": s2, "block_shape": block}
-
-
-def _quantize(w: torch.Tensor, block: tuple[int, int] | None, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each expert's weight (the gate and up halves apart when ``gated``) to e4m3 with its scales."""
-    from minivllm.kernels.torch_backend import quantize_weight_fp8_ref
-
-    halves = w.chunk(2, dim=1) if gated else (w,)
-    qs, ss = [], []
-    for e in range(w.shape[0]):
-        parts = [quantize_weight_fp8_ref(half[e], block) for half in halves]
-        qs.append(torch.cat([q for q, _ in parts]))
-        ss.append(torch.cat([s for _, s in parts]))
-    return torch.stack(qs), torch.stack(ss)
 
 
 def make_tokens(shape: MoeShape, m: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -13,13 +13,13 @@ import torch
 
 from minivllm.kernels.fused_moe import fused_moe_triton, select_experts_triton
 from minivllm.kernels.moe_align import moe_align_block_size
+from minivllm.kernels.moe_fp8_weights import quantize_moe_weights_fp8
 from tests.helpers.kernel_checks import rel_err
 from tests.helpers.moe_reference import (
     align_naive,
     fused_moe_fp8_naive,
     fused_moe_naive,
     moe_weights,
-    quantize_experts_fp8,
     select_experts_naive,
     uneven_routing,
 )
@@ -71,7 +71,7 @@ def test_decode_path_equals_grouped_path(m, num_experts, top_k, hidden, inter):
 @pytest.mark.parametrize("block", [(128, 128), None])
 def test_fp8_experts_equal_the_reference(m, decode, num_experts, top_k, hidden, inter, block):
     x, w13, w2, weights, ids = _layer(num_experts, hidden, inter, m, top_k)
-    q13, s13, q2, s2 = quantize_experts_fp8(w13, w2, block)
+    q13, s13, q2, s2 = quantize_moe_weights_fp8(w13, w2, block)
     out = fused_moe_triton(x, q13, q2, weights, ids, w13_scale=s13, w2_scale=s2, block_shape=block, decode=decode)
     ref = fused_moe_fp8_naive(x, q13, s13, q2, s2, block, weights, ids, quantize_acts=not decode)  # float64
     # NOTE: an activation near an e4m3 rounding boundary may land one step away from the reference's, and
@@ -114,7 +114,7 @@ def test_cuda_graph_replay_equals_eager(m, decode, fp8):
     x, w13, w2, weights, ids = _layer(num_experts, hidden, inter, m, top_k)
     kw = {"decode": decode}
     if fp8:
-        q13, s13, q2, s2 = quantize_experts_fp8(w13, w2, (128, 128))
+        q13, s13, q2, s2 = quantize_moe_weights_fp8(w13, w2, (128, 128))
         w13, w2 = q13, q2
         kw.update(w13_scale=s13, w2_scale=s2, block_shape=(128, 128))
     logits = torch.zeros(m, num_experts, device="cuda")

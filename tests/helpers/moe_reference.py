@@ -73,24 +73,6 @@ def moe_weights(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, s
     return w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype)
 
 
-def quantize_experts_fp8(w13: torch.Tensor, w2: torch.Tensor, block: tuple[int, int] | None):
-    """``(w13_8, w13_scale, w2_8, w2_scale)`` on the weights' device: each expert's gate, up and down weights
-    quantized to e4m3 apart (per output channel, or per ``block``), the gate's scales before the up's
-    (``fused_moe_triton``'s layout)."""
-    from minivllm.kernels.torch_backend import quantize_weight_fp8_ref
-
-    inter = w13.shape[1] // 2
-    q13, s13, q2, s2 = [], [], [], []
-    for e in range(w13.shape[0]):
-        gate, up, down = (quantize_weight_fp8_ref(w.float(), block)
-                          for w in (w13[e, :inter], w13[e, inter:], w2[e]))
-        q13.append(torch.cat([gate[0], up[0]]))
-        s13.append(torch.cat([gate[1], up[1]]))
-        q2.append(down[0])
-        s2.append(down[1])
-    return torch.stack(q13), torch.stack(s13), torch.stack(q2), torch.stack(s2)
-
-
 def fused_moe_fp8_naive(x, w13_8, w13_scale, w2_8, w2_scale, block, topk_weights, topk_ids,
                         quantize_acts: bool) -> torch.Tensor:
     """``[n, H]`` float64 with the dequantized FP8 experts. ``quantize_acts`` (the grouped W8A8 path): ``x`` and
