@@ -5,7 +5,7 @@ For each batch size, every candidate ``(BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K
 num_stages)`` that fits is timed on the whole grouped path (alignment, GEMM 1 with SiLU-and-mul, GEMM 2, the sum)
 as a CUDA graph of calls, on random weights and a routing from random logits; the fastest is kept. Row tiles
 much larger than an expert's mean rows (``M * top_k / E``) are not tried, nor stage rings that do not fit in
-shared memory. Most of the time goes to compiling the candidates (once each, shared by the batch sizes).
+shared memory, nor tiles whose two GEMM 1 accumulators (gate and up) would not fit in registers. Most of the time goes to compiling the candidates (once each, shared by the batch sizes).
 Entries already in the file for other batch sizes are kept, so that a long tuning can be split over several
 runs (``--batch-sizes``) to fit a time limit.
 
@@ -32,12 +32,13 @@ BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 20
 SPACE = {  # the full search; --quick: the first values of each
     "BLOCK_SIZE_M": (16, 32, 64, 128),
     "BLOCK_SIZE_N": (64, 128, 256, 32),
-    "BLOCK_SIZE_K": (64, 128),
+    "BLOCK_SIZE_K": (64, 128, 256),
     "GROUP_SIZE_M": (1, 16),
     "num_warps": (4, 8),
-    "num_stages": (3, 4, 2),
+    "num_stages": (3, 4, 2, 5),
 }
-QUICK = {"BLOCK_SIZE_N": 2, "num_warps": 1, "num_stages": 2}
+QUICK = {"BLOCK_SIZE_N": 2, "BLOCK_SIZE_K": 2, "num_warps": 1, "num_stages": 2}
+ACC_REGS = 128  # GEMM 1's two float32 accumulators, per thread: more spills
 SMEM_BYTES = 200 * 1024  # what a stage ring of A and two B tiles may take (H100/H200: 227 KB a block)
 
 
@@ -53,6 +54,8 @@ def candidates(m: int, num_experts: int, top_k: int, quick: bool, elem_bytes: in
         if bm > max_bm:
             continue
         if cfg["num_stages"] * (bm + 2 * bn) * bk * elem_bytes > SMEM_BYTES:
+            continue
+        if 2 * bm * bn > ACC_REGS * 32 * cfg["num_warps"]:
             continue
         out.append(cfg)
     return out

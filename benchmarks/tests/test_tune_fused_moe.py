@@ -32,6 +32,7 @@ def test_candidates_are_valid_and_pruned_by_rows_per_expert():
         assert check_config(cfg) == cfg
         stages, bm, bn, bk = cfg["num_stages"], cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
         assert stages * (bm + 2 * bn) * bk * 2 <= tune.SMEM_BYTES
+        assert 2 * bm * bn <= tune.ACC_REGS * 32 * cfg["num_warps"]
 
 
 
