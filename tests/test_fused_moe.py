@@ -198,8 +198,21 @@ def test_bad_arguments_and_empty_batch():
         fused_moe_triton(x, w13, w2, weights, ids, config={**SMALL_TILES, "BLOCK_SIZE_K": 24}, decode=False)
     with pytest.raises(ValueError, match="missing"):
         fused_moe_triton(x, w13, w2, weights, ids, config={"BLOCK_SIZE_M": 16}, decode=False)
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_moe_triton(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, weights, ids)
     out = fused_moe_triton(x[:0], w13, w2, weights[:0], ids[:0])
     assert out.shape == (0, HIDDEN)
+
+
+def test_strided_activations():
+    """x as a column-strided view (taken contiguous) and as a row-strided one (read in place)."""
+    w13, w2 = moe_weights(8, HIDDEN, INTER, torch.float32, device=DEV)
+    wide = torch.randn(6, 2 * HIDDEN, generator=torch.Generator().manual_seed(8)).to(DEV)
+    weights, ids = uneven_routing(6, 8, 2, device=DEV)
+    for x in (wide[:, :HIDDEN], wide[:, ::2]):
+        ref = fused_moe_naive(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu())
+        out = fused_moe_triton(x, w13, w2, weights, ids, decode=False)
+        torch.testing.assert_close(out.cpu().double(), ref, rtol=0, atol=1e-5 * ref.abs().max().item())
 
 
 # ------------------------------------------------------------------ configs

@@ -276,8 +276,8 @@ def _check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, blo
     if topk_ids.dim() != 2 or topk_ids.shape[0] != n or topk_weights.shape != topk_ids.shape:
         raise ValueError(f"topk_weights and topk_ids must both be [{n}, top_k], got {tuple(topk_weights.shape)} "
                          f"and {tuple(topk_ids.shape)}")
-    if x.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1 or w13.stride(1) != hidden or w2.stride(1) != inter:
-        raise ValueError("fused_moe_triton needs x and each expert's weight with contiguous rows")
+    if w13.stride(2) != 1 or w2.stride(2) != 1 or w13.stride(1) != hidden or w2.stride(1) != inter:
+        raise ValueError("fused_moe_triton needs each expert's weight with contiguous rows (w13[e], w2[e] contiguous)")
     fp8 = w13.dtype == torch.float8_e4m3fn
     if w2.dtype != w13.dtype or (not fp8 and w13.dtype != x.dtype):
         raise ValueError(f"fused_moe_triton needs weights in x's dtype {x.dtype} or both float8_e4m3fn, got "
@@ -322,6 +322,8 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     the activations unquantized.
     """
     _check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape)
+    if x.stride(1) != 1:
+        x = x.contiguous()
     n, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter, top_k = two_i // 2, topk_ids.shape[1]
