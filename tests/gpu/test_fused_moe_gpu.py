@@ -106,7 +106,7 @@ def test_alignment_at_real_sizes(n, num_experts, top_k, block_m):
     assert post_pad.item() == want_used
 
 
-@pytest.mark.parametrize("m, decode", [(1, True), (4, True), (64, False), (512, False)])
+@pytest.mark.parametrize("m, decode", [(1, True), (4, True), (8, False), (64, False), (512, False)])
 @pytest.mark.parametrize("fp8", [False, True])
 def test_cuda_graph_replay_equals_eager(m, decode, fp8):
     """Captured once, replayed with new activations and new routings (other expert loads): equal to eager."""
