@@ -1,4 +1,4 @@
-"""Compile the decode-path Triton kernels for a Hopper GPU (sm_90) without one.
+"""Compile the decode-path Triton kernels (and the fused MoE layer's) for a Hopper GPU (sm_90) without one.
 
     python scripts/compile_check.py    (also run by tests/test_compile_check.py)
 
@@ -20,10 +20,13 @@ from triton.compiler import ASTSource
 from minivllm.kernels import (
     fp8_quant,
     fused_act,
+    fused_moe,
     fused_norm,
     fused_rope,
     gemv,
     grammar_mask,
+    moe_align,
+    moe_topk,
     paged_attention,
     paged_decode,
 )
@@ -31,6 +34,63 @@ from minivllm.kernels import gumbel_sample as gs
 from minivllm.kernels import one_shot_all_reduce as ar
 
 TARGET = GPUTarget("cuda", 90, 32)
+
+
+def _ints(fn, sig: dict, consts: dict) -> dict:
+    """``sig`` with every other non-constexpr argument of ``fn`` an i32."""
+    return {**{a: "i32" for a in fn.arg_names if a not in consts}, **sig}
+
+
+MOE_GEMM_PTRS = {"c_ptr": "*bf16", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "topk_w_ptr": "*fp32",
+                 "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "post_pad_ptr": "*i32"}
+
+
+def _moe_gemm(fp8: bool, gated: bool, bm: int, bn: int) -> dict:
+    return {"A_ROW_DIV": 8 if gated else 1, "GATED": gated, "MUL_WEIGHT": not gated, "FP8": fp8,
+            "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 64, "DOT_F32": False, "PRECISION": "tf32",
+            "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_STAGES": 3, "USE_PDL": True}
+
+
+def _moe_gemv(fp8: bool) -> dict:
+    return {"TOP_K": 8, "HAS_SCALE": fp8, "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 1 << 30,
+            "BLOCK_N": 4, "BLOCK_K": 128 if fp8 else 256, "NUM_STAGES": 4, "USE_PDL": True}
+
+
+MOE_KERNELS = [
+    ("MoE top-k softmax routing, E=128 top-8 (PDL)", moe_topk._topk_softmax_kernel,
+     {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": "i32", "stride_l": "i32"},
+     {"TOP_K": 8, "K_PAD": 8, "E_PAD": 128, "RENORMALIZE": True, "USE_PDL": True}),
+    ("MoE align in one program (PDL)", moe_align._align_one_chunk_kernel,
+     _ints(moe_align._align_one_chunk_kernel, {"ids_ptr": "*i32", "sorted_ptr": "*i32", "expert_ids_ptr": "*i32",
+                                               "post_pad_ptr": "*i32"}, {"BLOCK_M", "E_PAD", "CHUNK", "FILL", "USE_PDL"}),
+     {"BLOCK_M": 16, "E_PAD": 128, "CHUNK": 128, "FILL": 64, "USE_PDL": True}),
+    ("MoE align: chunk counts and sentinel fill (PDL)", moe_align._chunk_counts_kernel,
+     _ints(moe_align._chunk_counts_kernel, {"ids_ptr": "*i32", "counts_ptr": "*i32", "sorted_ptr": "*i32"},
+           {"E_PAD", "CHUNK", "FILL", "USE_PDL"}), {"E_PAD": 128, "CHUNK": 128, "FILL": 512, "USE_PDL": True}),
+    ("MoE align: offsets (PDL)", moe_align._offsets_kernel,
+     _ints(moe_align._offsets_kernel, {"counts_ptr": "*i32", "expert_ids_ptr": "*i32", "post_pad_ptr": "*i32"},
+           {"BLOCK_M", "E_PAD", "FILL", "USE_PDL"}),
+     {"BLOCK_M": 64, "E_PAD": 128, "FILL": 64, "USE_PDL": True}),
+    ("MoE align: scatter (PDL)", moe_align._scatter_kernel,
+     {"ids_ptr": "*i32", "offsets_ptr": "*i32", "sorted_ptr": "*i32", "numel": "i32"},
+     {"E_PAD": 128, "CHUNK": 128, "USE_PDL": True}),
+    *[(f"MoE grouped GEMM {'1 (gate/up + SiLU-and-mul)' if gated else '2 (down)'}, {bm}x{bn}"
+       f"{', FP8 block' if fp8 else ''} (PDL)", fused_moe._moe_gemm_kernel,
+       _ints(fused_moe._moe_gemm_kernel, {**MOE_GEMM_PTRS, "a_ptr": "*fp8e4nv" if fp8 else "*bf16",
+                                          "b_ptr": "*fp8e4nv" if fp8 else "*bf16"}, _moe_gemm(fp8, gated, bm, bn)),
+       _moe_gemm(fp8, gated, bm, bn))
+      for fp8 in (False, True) for gated in (True, False) for bm, bn in ((16, 64), (64, 128))],
+    *[(f"MoE decode GEMV gate/up{', FP8 block' if fp8 else ''} (PDL)", fused_moe._moe_gemv_gate_up_kernel,
+       _ints(fused_moe._moe_gemv_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16",
+                                                  "scale_ptr": "*fp32", "ids_ptr": "*i32", "out_ptr": "*bf16"},
+             _moe_gemv(fp8)), _moe_gemv(fp8))
+      for fp8 in (False, True)],
+    *[(f"MoE decode GEMV down{', FP8 block' if fp8 else ''} (PDL)", fused_moe._moe_gemv_down_kernel,
+       _ints(fused_moe._moe_gemv_down_kernel, {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16",
+                                               "scale_ptr": "*fp32", "ids_ptr": "*i32", "topk_w_ptr": "*fp32",
+                                               "out_ptr": "*bf16"}, _moe_gemv(fp8)), _moe_gemv(fp8))
+      for fp8 in (False, True)],
+]
 AR_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "cap": "i32", "ptrs": "*i64", "counters": "*i32"}
 NORM_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32", "D": "i32", "eps": "fp32",
             "cap": "i32", "ptrs": "*i64", "counters": "*i32"}
@@ -107,6 +167,7 @@ KERNELS = [
      {"BLOCK_C": 64, "PAIR": False}),
     ("Gumbel pick, sharded (best, id) pairs", gs._gumbel_pick_kernel,
      {"best_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*fp64", "C": "i32"}, {"BLOCK_C": 64, "PAIR": True}),
+    *MOE_KERNELS,
 ]
 
 

@@ -11,7 +11,7 @@ import torch
 from minivllm.kernels.moe_torch import fused_moe, select_experts
 from minivllm.layers.fused_moe import FusedMoE
 from tests.helpers.kernel_checks import rel_err
-from tests.helpers.moe_reference import MOE_TOL, naive_fused_moe, naive_select_experts, uneven_routing
+from tests.helpers.moe_reference import MOE_TOL, fused_moe_naive, select_experts_naive, uneven_routing
 
 H, INTER = 64, 32
 
@@ -33,9 +33,9 @@ def test_select_experts_matches_naive(num_experts, top_k, renormalize, dtype):
     else:  # distinct values that bfloat16 holds exactly: no tie among the experts, whose order would be arbitrary
         logits = (torch.rand(37, num_experts, generator=gen).argsort(-1).float() / 8).to(dtype)
     weights, ids = select_experts(logits, top_k, renormalize)
-    ref_w, ref_ids = naive_select_experts(logits, top_k, renormalize)
+    ref_w, ref_ids = select_experts_naive(logits, top_k, renormalize)
     assert weights.dtype == torch.float32 and ids.dtype == torch.int32 and ids.shape == (37, top_k)
-    assert torch.equal(ids.long(), ref_ids)
+    assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_w, rtol=1e-6, atol=1e-7)
     if renormalize:
         torch.testing.assert_close(weights.sum(-1), torch.ones(37), rtol=1e-6, atol=1e-6)
@@ -71,11 +71,12 @@ def test_fused_moe_matches_naive(num_experts, top_k, num_tokens, dtype):
     """Uneven loads: picks only on the first half of the experts (the rest have no tokens), skewed."""
     w13, w2 = _weights(num_experts, dtype)
     x = torch.randn(num_tokens, H, generator=torch.Generator().manual_seed(num_tokens)).to(dtype)  # [n, H]
-    weights, ids = uneven_routing(num_tokens, num_experts, top_k, seed=num_experts + top_k)
+    weights, ids = uneven_routing(num_tokens, num_experts, top_k, seed=num_experts + top_k,
+                                  used_experts=num_experts // 2)
     if top_k < num_experts:
         assert len(set(ids.flatten().tolist())) < num_experts  # some experts get no token
     out = fused_moe(x, w13, w2, weights, ids)
-    ref = naive_fused_moe(x, w13, w2, weights, ids)  # float64
+    ref = fused_moe_naive(x, w13, w2, weights, ids)  # float64
     assert out.dtype == dtype and out.shape == (num_tokens, H)
     assert rel_err(out, ref) < MOE_TOL[dtype]
     # and no worse than the same computation rounded once at the end
@@ -91,7 +92,7 @@ def test_fused_moe_edge_cases():
     ids = torch.tensor([[3]] * 8 + [[7]], dtype=torch.int32)
     weights = torch.full((9, 1), 0.5)
     torch.testing.assert_close(fused_moe(x, w13, w2, weights, ids),
-                               naive_fused_moe(x, w13, w2, weights, ids).float(), rtol=1e-5, atol=1e-5)
+                               fused_moe_naive(x, w13, w2, weights, ids).float(), rtol=1e-5, atol=1e-5)
     # a zero weight drops an expert's contribution
     picks = torch.tensor([[3, 5]] * 9, dtype=torch.int32)
     torch.testing.assert_close(fused_moe(x, w13, w2, torch.tensor([[0.5, 0.0]] * 9), picks),
