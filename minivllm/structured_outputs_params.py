@@ -4,8 +4,9 @@ engine checks the schema, the regex or the grammar itself when the request is ad
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: the constraint kinds, in the order they are looked for
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
@@ -31,6 +32,10 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     disable_any_whitespace: bool = True
+    #: the grammar starts after the output ends with these token ids (empty: at the first token). The OpenAI
+    #: server sets it to the reasoning's end marker when the prompt leaves a thinking model reasoning (vLLM holds
+    #: a grammar back while a reasoning parser says the model reasons); not a constructor argument, as in vLLM.
+    starts_after: tuple[int, ...] = field(default=(), init=False, compare=False)
 
     def __post_init__(self) -> None:
         given = [k for k in KINDS if getattr(self, k) not in (None, False)]
@@ -70,3 +75,12 @@ class StructuredOutputsParams:
         value = getattr(self, self.kind)
         text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
         return self.kind, text, self.disable_any_whitespace
+
+    def starting_after(self, token_ids) -> StructuredOutputsParams:
+        """A copy of this constraint whose grammar starts after the output ends with ``token_ids`` (non-empty)."""
+        ids = tuple(token_ids)
+        if not ids or any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in ids):
+            raise ValueError(f"structured_outputs.starts_after must be a non-empty list of token ids, got {ids!r}")
+        out = copy.copy(self)
+        out.starts_after = ids
+        return out

@@ -9,6 +9,10 @@ takes it (``take_compiled``), so a large schema never stalls the other requests'
 The engine's step calls it at named points: ``take_compiled`` (admission), ``constrains`` (does a step's
 sampling wait for masks?), ``fill_async`` (fill them while the forward runs, once the grammars hold every
 earlier token), ``bitmask`` (fill them now), ``accept`` (advance a sequence by its new token).
+
+A grammar may start after a marker (``StructuredOutputsParams.starts_after``, the reasoning's end): until the
+sequence's output ends with it, its ``ReasoningGate`` is closed, the grammar is neither applied nor advanced, and
+its row gets no mask.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from minivllm.config import StructuredOutputsConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.engine.structured_output.backend import Grammar, GuidanceBackend, bitmask_words
+from minivllm.engine.structured_output.reasoning_gate import ReasoningGate
 from minivllm.structured_outputs_params import StructuredOutputsParams
 
 
@@ -53,6 +58,7 @@ class StructuredOutputManager:
         self._mask_pool: concurrent.futures.ThreadPoolExecutor | None = None  # fills masks
         self._executor = None  # llguidance's thread pool for the parallel mask fill
         self.grammars: dict[int, Grammar] = {}  # seq id -> its grammar state
+        self.gates: dict[int, ReasoningGate] = {}  # seq id -> its closed gate (a subset of ``grammars``' ids)
         self._compiling: dict[str, concurrent.futures.Future] = {}  # request id -> its grammar's compilation
 
     # ------------------------------------------------------------------ compile
@@ -119,15 +125,23 @@ class StructuredOutputManager:
             raise ValueError(f"structured_outputs.{so.kind} is invalid: {error.strip()}")
 
     # ------------------------------------------------------------------ sequences
-    def start(self, seq_id: int, template) -> None:
-        """Sequence ``seq_id`` starts at the beginning of ``template``'s grammar."""
+    def start(self, seq_id: int, template, starts_after: tuple[int, ...] = ()) -> None:
+        """Sequence ``seq_id`` starts at the beginning of ``template``'s grammar, or, with ``starts_after``, once
+        its output ends with those token ids."""
+        if starts_after:
+            self.gates[seq_id] = ReasoningGate(tuple(starts_after))
         self.grammars[seq_id] = Grammar(template.deep_copy())
 
     def accept(self, seq_id: int, token_id: int) -> bool:
         """Advance ``seq_id``'s grammar by its new token; True when the output is now complete (or the grammar
-        failed: nothing more can be generated under it)."""
+        failed: nothing more can be generated under it). A token before the grammar starts does not advance it."""
         g = self.grammars.get(seq_id)
         if g is None:
+            return False
+        gates = self.gates
+        if gates and seq_id in gates:
+            if gates[seq_id].push(token_id):
+                del gates[seq_id]  # the grammar applies from the next token
             return False
         if not g.is_stopped:
             g.accept(token_id)
@@ -135,19 +149,30 @@ class StructuredOutputManager:
 
     def drop(self, seq_id: int) -> None:
         self.grammars.pop(seq_id, None)
+        self.gates.pop(seq_id, None)
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless every closed gate belongs to a sequence with a grammar."""
+        stray = set(self.gates) - set(self.grammars)
+        assert not stray, f"gates of sequences without a grammar: {sorted(stray)}"
 
     def constrains(self, out: SchedulerOutput) -> bool:
-        """Whether a sampled row of ``out`` is under a grammar (its sampling then waits for the masks)."""
+        """Whether a sampled row of ``out`` is under a grammar (its sampling then waits for the masks).
+
+        NOTE: a row whose gate is closed counts: with asynchronous scheduling the step in flight may end the
+        marker, and this step's token must then follow the grammar, whose masks are filled only after that."""
         grammars = self.grammars
         return bool(grammars) and any(s.seq_id in grammars for s in out.sampled)
 
     def bitmask(self, out: SchedulerOutput) -> GrammarBitmask | None:
         """The masks of ``out``'s constrained sampled rows, each row's grammar advanced to its newest token
-        (None: no row is constrained). A stopped grammar's row allows every token: its token is dropped."""
+        (None: no row is constrained). A stopped grammar's row allows every token: its token is dropped. A row
+        whose gate is closed is free."""
         rows, matchers = [], []
+        gates = self.gates
         for row, s in enumerate(out.sampled):
             g = self.grammars.get(s.seq_id)
-            if g is not None:
+            if g is not None and not (gates and s.seq_id in gates):
                 rows.append(row)
                 matchers.append(None if g.is_stopped else g.matcher)
         if not rows:

@@ -1,0 +1,155 @@
+"""A grammar held back while a thinking model reasons (``StructuredOutputsParams.starts_after``; vLLM holds a
+grammar until its reasoning parser sees the end of the reasoning): the gate's rule, the manager's masks and
+matchers, and the engine end to end on the demo model, synchronous and asynchronous, with the reasoning ended
+deterministically by ``thinking_token_budget`` (the demo model does not think by itself)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine.structured_output import StructuredOutputManager
+from minivllm.engine.structured_output.reasoning_gate import ReasoningGate
+from minivllm.sampling_params import StructuredOutputsParams as SO
+from tests.helpers.json_schemas import SCHEMAS
+from tests.helpers.server_utils import ROOT
+
+DEMO = str(ROOT / "models" / "minivllm-demo-py")
+MARKERS = {"reasoning_start_str": "<think>", "reasoning_end_str": "</think>"}
+PROMPT = "Return JSON describing a person:\n<think>\n"  # a prompt that leaves the model reasoning
+
+
+def test_the_gate_opens_once_the_output_ends_with_the_marker():
+    gate = ReasoningGate((5, 5, 6))
+    assert [gate.push(t) for t in (5, 5, 5, 1, 5, 5)] == [False] * 6
+    assert gate.push(6)  # 5 5 5 5 6: the marker overlaps itself
+    one = ReasoningGate((7,))
+    assert [one.push(t) for t in (3, 7)] == [False, True]
+
+
+def test_starting_after_copies_the_constraint_and_checks_the_ids():
+    so = SO(json=SCHEMAS["point"])
+    gated = so.starting_after([4, 5])
+    assert gated.starts_after == (4, 5) and so.starts_after == () and gated.key() == so.key()
+    for bad in ([], [1, -2], ["x"], [True]):
+        with pytest.raises(ValueError, match=r"structured_outputs\.starts_after"):
+            so.starting_after(bad)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(DEMO)
+
+
+def test_a_closed_gate_leaves_the_row_free_and_the_matcher_where_it_was(tokenizer):
+    manager = StructuredOutputManager(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    template = manager.prepare(SO(choice=["yes", "no"]))
+    end = tuple(tokenizer.encode("</think>", add_special_tokens=False))
+    manager.start(1, template, end)
+    manager.start(2, template)
+    step = SimpleNamespace(sampled=[SimpleNamespace(seq_id=1), SimpleNamespace(seq_id=2)])
+    assert manager.constrains(step)  # a closed gate still waits for masks: the step in flight may open it
+    masks = manager.bitmask(step)
+    assert masks.rows == (1,)  # only the ungated row is masked
+    for token in tokenizer.encode("maybe not", add_special_tokens=False):  # the grammar would refuse these
+        assert manager.accept(1, token) is False
+    for token in end[:-1]:
+        assert manager.accept(1, token) is False and 1 in manager.gates
+    assert manager.accept(1, end[-1]) is False and 1 not in manager.gates
+    manager.check_integrity()
+    masks = manager.bitmask(step)
+    assert masks.rows == (0, 1)
+    assert torch.equal(masks.bitmask[0], masks.bitmask[1])  # seq 1's grammar starts where seq 2's is: unmoved
+    manager.start(3, template, end)
+    manager.drop(3)
+    assert 3 not in manager.gates and 3 not in manager.grammars
+    manager.gates[9] = ReasoningGate(end)
+    with pytest.raises(AssertionError, match="gates of sequences without a grammar"):
+        manager.check_integrity()
+    manager.close()
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def llm(request):
+    with LLM(DEMO, device="cpu", async_scheduling=request.param, reasoning_config=MARKERS) as engine:
+        yield engine
+
+
+def _split(llm, token_ids):
+    """(reasoning ids with the end marker, the rest) of an output whose reasoning ended."""
+    end = llm.engine.tokenizer.encode("</think>", add_special_tokens=False)
+    k = next(i for i in range(len(token_ids)) if token_ids[i:i + len(end)] == end) + len(end)
+    return token_ids[:k], token_ids[k:]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_the_model_reasons_freely_then_the_grammar_applies(llm, temperature):
+    end = llm.engine.tokenizer.encode("</think>", add_special_tokens=False)
+    schema = SCHEMAS["person"]
+    budgets = (0, 3, 9)
+    free = [SamplingParams(temperature=temperature, seed=b, max_tokens=b + len(end), thinking_token_budget=b)
+            for b in budgets]
+    gated = [SamplingParams(temperature=temperature, seed=b, max_tokens=200, thinking_token_budget=b,
+                            structured_outputs=SO(json=schema).starting_after(end)) for b in budgets]
+    outs = llm.generate([PROMPT] * 6, free + gated, use_tqdm=False)
+    for budget, alone, out in zip(budgets, outs[:3], outs[3:]):
+        reasoning, answer = _split(llm, out["token_ids"])
+        assert len(reasoning) <= budget + len(end)  # the model may write the marker before the budget forces it
+        assert reasoning == alone["token_ids"][:len(reasoning)], (budget, out["text"])  # no mask while reasoning
+        assert out["finish_reason"] == "stop", out["text"]
+        jsonschema.validate(json.loads(llm.engine.decode(answer)), schema)
+    assert not llm.engine.structured.grammars and not llm.engine.structured.gates
+
+
+def test_rows_beside_a_gated_one_keep_their_behaviour(llm):
+    end = llm.engine.tokenizer.encode("</think>", add_special_tokens=False)
+    free = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    (alone,) = llm.generate(["def parse("], free, use_tqdm=False)
+    constrained = SamplingParams(temperature=0, max_tokens=100, structured_outputs=SO(json=SCHEMAS["point"]))
+    gated = SamplingParams(temperature=0, max_tokens=100, thinking_token_budget=5,
+                           structured_outputs=SO(json=SCHEMAS["point"]).starting_after(end))
+    outs = llm.generate(["def parse(", PROMPT, PROMPT], [free, constrained, gated], use_tqdm=False)
+    assert outs[0]["token_ids"] == alone["token_ids"]
+    jsonschema.validate(json.loads(outs[1]["text"]), SCHEMAS["point"])  # ungated: JSON from the first token
+    assert not outs[1]["text"].startswith("<")
+    reasoning, answer = _split(llm, outs[2]["token_ids"])
+    assert len(reasoning) <= 5 + len(end)
+    jsonschema.validate(json.loads(llm.engine.decode(answer)), SCHEMAS["point"])
+    llm.engine.structured.check_integrity()
+
+
+def test_a_gate_that_never_opens_leaves_the_output_free(llm):
+    """Cut by max_tokens inside the reasoning: exactly the unconstrained output."""
+    end = llm.engine.tokenizer.encode("</think>", add_special_tokens=False)
+    free = SamplingParams(temperature=0, max_tokens=12, thinking_token_budget=40)
+    gated = SamplingParams(temperature=0, max_tokens=12, thinking_token_budget=40,
+                           structured_outputs=SO(choice=["a", "b"]).starting_after(end))
+    a, b = llm.generate([PROMPT, PROMPT], [free, gated], use_tqdm=False)
+    assert a["token_ids"] == b["token_ids"] and b["finish_reason"] == "length"
+    assert not llm.engine.structured.gates
+
+
+@pytest.mark.parametrize("at", [1, 4])
+def test_the_token_after_the_marker_is_masked_with_a_step_in_flight(llm, at):
+    """Without a thinking budget nothing reads the newest token before the next step launches: with asynchronous
+    scheduling, the step that samples the marker's last token is still in flight when the next one is queued,
+    and that next token must follow the grammar all the same. The marker here is two tokens of the model's own
+    greedy output, ending at output position ``at``."""
+    free = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    (alone,) = llm.generate([PROMPT], free, use_tqdm=False)
+    ids = alone["token_ids"]
+    marker = tuple(ids[at - 1:at + 1])
+    assert all(tuple(ids[i - 1:i + 1]) != marker for i in range(1, at)), "the marker must first end at `at`"
+    gated = SamplingParams(temperature=0, max_tokens=100,
+                           structured_outputs=SO(json=SCHEMAS["point"]).starting_after(marker))
+    (out,) = llm.generate([PROMPT], gated, use_tqdm=False)
+    assert out["token_ids"][:at + 1] == ids[:at + 1]
+    jsonschema.validate(json.loads(llm.engine.decode(out["token_ids"][at + 1:])), SCHEMAS["point"])
+    assert out["finish_reason"] == "stop"
