@@ -153,3 +153,63 @@ def test_the_token_after_the_marker_is_masked_with_a_step_in_flight(llm, at):
     assert out["token_ids"][:at + 1] == ids[:at + 1]
     jsonschema.validate(json.loads(llm.engine.decode(out["token_ids"][at + 1:])), SCHEMAS["point"])
     assert out["finish_reason"] == "stop"
+
+
+# ------------------------------------------------------------------ reading the output back (the server's reader)
+THINKING_TAIL, CLOSED_TAIL, PLAIN_TAIL = "<|im_start|>assistant\n<think>\n", "assistant\n<think>\n\n</think>\n\n", "t\n"
+NAMED = {"type": "function", "function": {"name": "f"}}
+
+
+def _reader(choice, tail):
+    from minivllm.entrypoints.openai.chat_outputs import ChatOutputReader
+    from minivllm.entrypoints.openai.protocol import NamedToolChoice
+
+    choice = NamedToolChoice.model_validate(choice) if isinstance(choice, dict) else choice
+    return ChatOutputReader(choice, "hermes", "qwen3", tail)
+
+
+def _streamed(reader, pieces):
+    """(reasoning, content, {index: [name, arguments]}) put back together from a streamer's deltas."""
+    st = reader.streamer()
+    reasoning, content, calls = "", "", {}
+    for delta in [st.feed(p) for p in pieces] + [st.finish()]:
+        if delta is None:
+            continue
+        reasoning += delta.reasoning or ""
+        content += delta.content or ""
+        for c in delta.tool_calls or []:
+            call = calls.setdefault(c.index, ["", ""])
+            call[0] += c.function.name or ""
+            call[1] += c.function.arguments or ""
+    return reasoning, content, calls, st.num_calls
+
+
+@pytest.mark.parametrize("cut", [1, 5, 9, 17])
+def test_a_forced_call_after_the_reasoning_is_read_whole_and_streamed(cut):
+    text = 'I should call f.</think>{"a":1}'
+    named = _reader(NAMED, THINKING_TAIL)
+    assert named.grammar_starts_after == "</think>"
+    msg = named.message(text)
+    assert msg.reasoning == "I should call f." and msg.content is None
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls] == [("f", {"a": 1})]
+    assert _streamed(named, [text[:cut], text[cut:]]) == ("I should call f.", "", {0: ["f", '{"a":1}']}, 1)
+    text = 'Two calls.</think>[{"name":"f","parameters":{}},{"name":"g","parameters":{"b":2}}]'
+    required = _reader("required", THINKING_TAIL)
+    msg = required.message(text)
+    assert msg.reasoning == "Two calls." and [c.function.name for c in msg.tool_calls] == ["f", "g"]
+    reasoning, content, calls, n = _streamed(required, [text[:cut], text[cut:]])
+    assert (reasoning, content, n) == ("Two calls.", "", 2) and calls[1] == ["g", '{"b": 2}']
+
+
+def test_a_reasoning_cut_short_has_no_call_and_unthinking_prompts_read_as_before():
+    for choice in (NAMED, "required"):
+        msg = _reader(choice, THINKING_TAIL).message("still thinking")
+        assert msg.reasoning == "still thinking" and not msg.tool_calls and msg.content is None
+        assert _streamed(_reader(choice, THINKING_TAIL), ["still ", "thinking"]) == ("still thinking", "", {}, 0)
+    for tail in (CLOSED_TAIL, PLAIN_TAIL):  # the grammar starts at the first token: the whole output is the call
+        reader = _reader(NAMED, tail)
+        assert reader.grammar_starts_after is None and reader.reasoning is None
+        msg = reader.message('{"a":1}')
+        assert msg.reasoning is None and msg.tool_calls[0].function.name == "f"
+    assert _reader("none", PLAIN_TAIL).grammar_starts_after is None
+    assert _reader("none", THINKING_TAIL).grammar_starts_after == "</think>"  # response_format, structured_outputs

@@ -44,6 +44,9 @@ class ChatServing(ServingBase):
         tail = self.tokenization.decode_now(ids[-8:], skip_special_tokens=False) if self.parsers.reasoning_parser else ""
         reader = ChatOutputReader(choice if req.tools else "none", self.parsers.tool_call_parser,
                                   self.parsers.reasoning_parser, tail, req.include_reasoning)
+        if so is not None and reader.grammar_starts_after:  # the model reasons first, as vLLM lets it
+            so = so.starting_after(await self.tokenization.encode(
+                reader.grammar_starts_after, add_special_tokens=False, check_length=False))
         ids = truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side or "left")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
