@@ -6,6 +6,7 @@ deterministically by ``thinking_token_budget`` (the demo model does not think by
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import jsonschema
@@ -73,6 +74,35 @@ def test_a_closed_gate_leaves_the_row_free_and_the_matcher_where_it_was(tokenize
     manager.gates[9] = ReasoningGate(end)
     with pytest.raises(AssertionError, match="gates of sequences without a grammar"):
         manager.check_integrity()
+    manager.close()
+
+
+def _allowed(mask_row: torch.Tensor, token: int) -> bool:
+    return bool((int(mask_row[token // 32]) >> (token % 32)) & 1)
+
+
+def test_an_undecided_gate_lets_the_first_token_open_the_reasoning(tokenizer):
+    """``opened_by``: the first token may also be the start token; taking it closes the gate, any other token is
+    the grammar's own."""
+    manager = StructuredOutputManager(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    template = manager.prepare(SO(choice=["yes", "no"]))
+    start, end = 96, (34,)  # "~" opens, "@" closes
+    yes = tokenizer.encode("yes", add_special_tokens=False)
+    step = SimpleNamespace(sampled=[SimpleNamespace(seq_id=1), SimpleNamespace(seq_id=2)])
+    manager.start(1, template, end, opened_by=start)
+    manager.start(2, template)
+    masks = manager.bitmask(step)
+    assert masks.rows == (0, 1) and _allowed(masks.bitmask[0], start) and not _allowed(masks.bitmask[1], start)
+    other = masks.bitmask[0].clone()
+    other[start // 32] ^= torch.tensor(1 << (start % 32), dtype=torch.int64).to(torch.int32)
+    assert torch.equal(other, masks.bitmask[1])  # the grammar's tokens and the start token, nothing more
+    assert manager.accept(1, start) is False and manager.gates[1].undecided is False  # the model reasons
+    assert manager.bitmask(step).rows == (1,)
+    assert manager.accept(1, yes[0]) is False and manager.accept(1, end[0]) is False and 1 not in manager.gates
+    manager.start(3, template, end, opened_by=start)
+    done = [manager.accept(3, t) for t in yes]
+    assert 3 not in manager.gates and done[-1] is True  # no reasoning: the grammar took "yes", which is complete
+    manager.check_integrity()
     manager.close()
 
 
@@ -188,7 +218,7 @@ def _streamed(reader, pieces):
 def test_a_forced_call_after_the_reasoning_is_read_whole_and_streamed(cut):
     text = 'I should call f.</think>{"a":1}'
     named = _reader(NAMED, THINKING_TAIL)
-    assert named.grammar_starts_after == "</think>"
+    assert named.reasoning_markers == ("<think>", "</think>") and named.thinking is True
     msg = named.message(text)
     assert msg.reasoning == "I should call f." and msg.content is None
     assert [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls] == [("f", {"a": 1})]
@@ -206,10 +236,58 @@ def test_a_reasoning_cut_short_has_no_call_and_unthinking_prompts_read_as_before
         msg = _reader(choice, THINKING_TAIL).message("still thinking")
         assert msg.reasoning == "still thinking" and not msg.tool_calls and msg.content is None
         assert _streamed(_reader(choice, THINKING_TAIL), ["still ", "thinking"]) == ("still thinking", "", {}, 0)
-    for tail in (CLOSED_TAIL, PLAIN_TAIL):  # the grammar starts at the first token: the whole output is the call
-        reader = _reader(NAMED, tail)
-        assert reader.grammar_starts_after is None and reader.reasoning is None
-        msg = reader.message('{"a":1}')
-        assert msg.reasoning is None and msg.tool_calls[0].function.name == "f"
-    assert _reader("none", PLAIN_TAIL).grammar_starts_after is None
-    assert _reader("none", THINKING_TAIL).grammar_starts_after == "</think>"  # response_format, structured_outputs
+    closed = _reader(NAMED, CLOSED_TAIL)  # thinking off: the grammar starts at once, the whole output is the call
+    assert closed.reasoning_markers is None and closed.reasoning is None
+    msg = closed.message('{"a":1}')
+    assert msg.reasoning is None and msg.tool_calls[0].function.name == "f"
+    assert _reader("none", CLOSED_TAIL).reasoning_markers is None
+    undecided = _reader(NAMED, PLAIN_TAIL)  # the model may open its reasoning, or answer at once
+    assert undecided.reasoning_markers == ("<think>", "</think>") and undecided.thinking is None
+    for text, reasoning in (('{"a":1}', None), ('<think>\nhm\n</think>{"a":1}', "\nhm\n")):
+        msg = undecided.message(text)
+        assert msg.reasoning == reasoning and json.loads(msg.tool_calls[0].function.arguments) == {"a": 1}, msg
+        assert _streamed(undecided, [text[:3], text[3:]])[2] == {0: ["f", '{"a":1}']}
+
+
+def test_after_reasoning_holds_the_grammar_as_the_prompt_decided():
+    from minivllm.entrypoints.openai.structured import after_reasoning
+
+    so = SO(json=SCHEMAS["point"])
+    held = after_reasoning(so, True, [1, 2], [3, 4])
+    assert (held.starts_after, held.opened_by) == ((3, 4), None)  # the prompt opened the think block
+    maybe = after_reasoning(so, None, [7], [8])
+    assert (maybe.starts_after, maybe.opened_by) == ((8,), 7)  # undecided: the first token may open it
+    assert after_reasoning(so, None, [1, 2], [3]) is so  # a start marker of several tokens cannot be one token
+    assert after_reasoning(so, False, [7], [8]) is so and after_reasoning(None, True, [7], [8]) is None
+
+
+def test_an_undecided_prompt_reasons_only_if_the_model_opens_the_reasoning():
+    """A prompt that neither opened nor closed the reasoning (``opened_by``): the markers here are one token each
+    ("@" opens, "~" closes); the prompt ends with "@" so that ``thinking_token_budget`` counts from it, and the
+    token that may open the reasoning is the model's own greedy first token."""
+    with LLM(DEMO, device="cpu", async_scheduling=True,
+             reasoning_config={"reasoning_start_str": "@", "reasoning_end_str": "~"}) as llm:
+        tok = llm.engine.tokenizer
+        prompt, end = "Return JSON describing a person:\n@", tok.encode("~", add_special_tokens=False)
+        schema = SCHEMAS["point"]
+        budget, caret = 4, tok.encode("^", add_special_tokens=False)[0]
+        unlikely = {caret: -100.0}  # "^" may open the reasoning, but the model will not write it
+        free, ungated = llm.generate([prompt] * 2, [
+            SamplingParams(temperature=0, max_tokens=budget + 1, thinking_token_budget=budget),
+            SamplingParams(temperature=0, max_tokens=100, structured_outputs=SO(json=schema), logit_bias=unlikely)],
+            use_tqdm=False)
+        first = free["token_ids"][0]
+        assert not ungated["token_ids"][0] == first  # the grammar alone would refuse the model's first token
+        opens, stays = (SamplingParams(temperature=0, max_tokens=100, thinking_token_budget=b, logit_bias=unlikely,
+                                       structured_outputs=SO(json=schema).starting_after(end, opened_by=t))
+                        for t, b in ((first, budget), (caret, None)))
+        a, b = llm.generate([prompt] * 2, [opens, stays], use_tqdm=False)
+        assert a["token_ids"][:budget + 1] == free["token_ids"]  # it opened, reasoned freely, then "~" was forced
+        jsonschema.validate(json.loads(llm.engine.decode(a["token_ids"][budget + 1:])), schema)
+        assert b["token_ids"] == ungated["token_ids"]  # the first token was the grammar's: as without a gate
+        # a start token that the grammar takes is the grammar's
+        regex = SO(regex=r"\^[a-z]{3}").starting_after(end, opened_by=tok.encode("^", add_special_tokens=False)[0])
+        (c,) = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, structured_outputs=regex),
+                            use_tqdm=False)
+        assert re.fullmatch(r"\^[a-z]{3}", c["text"]) and c["finish_reason"] == "stop", c
+        assert not llm.engine.structured.gates

@@ -145,7 +145,7 @@ class LLMEngine:
         so = req.params.structured_outputs
         for seq in req.seqs:
             if grammar is not None:
-                self.structured.start(seq.seq_id, grammar, so.starts_after)
+                self.structured.start(seq.seq_id, grammar, so.starts_after, so.opened_by)
             self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:

@@ -12,7 +12,8 @@ earlier token), ``bitmask`` (fill them now), ``accept`` (advance a sequence by i
 
 A grammar may start after a marker (``StructuredOutputsParams.starts_after``, the reasoning's end): until the
 sequence's output ends with it, its ``ReasoningGate`` is closed, the grammar is neither applied nor advanced, and
-its row gets no mask.
+its row gets no mask. An undecided gate (``opened_by``) masks the first token with the grammar's tokens and the
+reasoning's start token, which then closes it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from minivllm.config import StructuredOutputsConfig
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.engine.structured_output.backend import Grammar, GuidanceBackend, bitmask_words
+from minivllm.engine.structured_output.backend import BITS, Grammar, GuidanceBackend, bitmask_words
 from minivllm.engine.structured_output.reasoning_gate import ReasoningGate
 from minivllm.structured_outputs_params import StructuredOutputsParams
 
@@ -58,7 +59,7 @@ class StructuredOutputManager:
         self._mask_pool: concurrent.futures.ThreadPoolExecutor | None = None  # fills masks
         self._executor = None  # llguidance's thread pool for the parallel mask fill
         self.grammars: dict[int, Grammar] = {}  # seq id -> its grammar state
-        self.gates: dict[int, ReasoningGate] = {}  # seq id -> its closed gate (a subset of ``grammars``' ids)
+        self.gates: dict[int, ReasoningGate] = {}  # seq id -> its gate, until it opens (``grammars``' ids)
         self._compiling: dict[str, concurrent.futures.Future] = {}  # request id -> its grammar's compilation
 
     # ------------------------------------------------------------------ compile
@@ -125,11 +126,11 @@ class StructuredOutputManager:
             raise ValueError(f"structured_outputs.{so.kind} is invalid: {error.strip()}")
 
     # ------------------------------------------------------------------ sequences
-    def start(self, seq_id: int, template, starts_after: tuple[int, ...] = ()) -> None:
+    def start(self, seq_id: int, template, starts_after: tuple[int, ...] = (), opened_by: int | None = None) -> None:
         """Sequence ``seq_id`` starts at the beginning of ``template``'s grammar, or, with ``starts_after``, once
-        its output ends with those token ids."""
+        its output ends with those token ids (with ``opened_by``: if its first token is that one)."""
         if starts_after:
-            self.gates[seq_id] = ReasoningGate(tuple(starts_after))
+            self.gates[seq_id] = ReasoningGate(tuple(starts_after), opened_by)
         self.grammars[seq_id] = Grammar(template.deep_copy())
 
     def accept(self, seq_id: int, token_id: int) -> bool:
@@ -140,9 +141,16 @@ class StructuredOutputManager:
             return False
         gates = self.gates
         if gates and seq_id in gates:
-            if gates[seq_id].push(token_id):
-                del gates[seq_id]  # the grammar applies from the next token
-            return False
+            gate = gates[seq_id]
+            if gate.undecided:  # the first token: does the model open its reasoning?
+                if token_id == gate.opened_by and not g.allows(token_id):
+                    gate.opened_by = None  # closed until the end marker
+                    return False
+                del gates[seq_id]  # no reasoning: this token is the grammar's
+            else:
+                if gate.push(token_id):
+                    del gates[seq_id]  # the grammar applies from the next token
+                return False
         if not g.is_stopped:
             g.accept(token_id)
         return g.is_stopped
@@ -167,14 +175,20 @@ class StructuredOutputManager:
     def bitmask(self, out: SchedulerOutput) -> GrammarBitmask | None:
         """The masks of ``out``'s constrained sampled rows, each row's grammar advanced to its newest token
         (None: no row is constrained). A stopped grammar's row allows every token: its token is dropped. A row
-        whose gate is closed is free."""
-        rows, matchers = [], []
+        whose gate is closed is free; an undecided one also allows the reasoning's start token."""
+        rows, matchers, openers = [], [], []
         gates = self.gates
         for row, s in enumerate(out.sampled):
             g = self.grammars.get(s.seq_id)
-            if g is not None and not (gates and s.seq_id in gates):
-                rows.append(row)
-                matchers.append(None if g.is_stopped else g.matcher)
+            if g is None:
+                continue
+            gate = gates.get(s.seq_id) if gates else None
+            if gate is not None:
+                if not gate.undecided:
+                    continue
+                openers.append((len(rows), gate.opened_by))
+            rows.append(row)
+            matchers.append(None if g.is_stopped else g.matcher)
         if not rows:
             return None
         mask = torch.full((len(rows), bitmask_words(self.vocab_size)), -1, dtype=torch.int32)  # [R, W]
@@ -186,6 +200,9 @@ class StructuredOutputManager:
             if self._executor is None:
                 self._executor = llguidance.LLExecutor(self.num_threads)
             fill_next_token_bitmask_par(self._executor, live, mask)
+        for j, token in openers:
+            word, bit = divmod(token, BITS)
+            mask[j, word] |= (1 << bit) - (1 << BITS if bit == BITS - 1 else 0)  # the bit, as a signed int32
         return GrammarBitmask(tuple(rows), mask)
 
     def fill_async(self, out: SchedulerOutput) -> concurrent.futures.Future:

@@ -7,10 +7,10 @@ Where the calls come from depends on ``tool_choice``: ``auto`` parses the model'
 A named function's call is returned even when ``max_tokens`` cut its arguments short (as in vLLM, whole or
 streamed); a ``required`` output cut short cannot be split into calls, and comes back as content.
 
-With a reasoning parser, a prompt that leaves the model thinking (its template opened the think block) holds the
-request's grammar back until the reasoning ends (``grammar_starts_after``): the reasoning is split off first, and
-the content, the forced call(s) included, is read from the rest. Otherwise a forced call's grammar starts at the
-first token, and its whole output is the call.
+With a reasoning parser, unless the prompt closed the think block, the model may reason before the request's
+grammar applies (``structured.after_reasoning``): the reasoning is split off first, and the content, the forced
+call(s) included, is read from the rest. With thinking off a forced call's grammar starts at the first token,
+and its whole output is the call.
 """
 
 from __future__ import annotations
@@ -48,17 +48,18 @@ class ChatOutputReader:
         parser = REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
         # what the prompt decided: a template may open the think block itself, or close it (thinking off)
         self.thinking = parser.thinking_from_prompt(prompt_tail) if parser is not None else None
-        # a forced call's grammar starts at the first token, unless the model is left thinking: it then starts
-        # after the reasoning, which is split off first
+        # with thinking off, a forced call's grammar starts at the first token: its whole output is the call
         forced = self.named is not None or self.required
-        self.reasoning = parser if parser is not None and (not forced or self.thinking) else None
+        self.reasoning = parser if parser is not None and (not forced or self.thinking is not False) else None
         self.include_reasoning = include_reasoning  # false: the reasoning is split off, then left out
 
     @property
-    def grammar_starts_after(self) -> str | None:
-        """The text after which the request's grammar starts (the reasoning's end marker), when the prompt left the
-        model thinking; None: the grammar starts at the first token."""
-        return self.reasoning.reasoning_end_str if self.reasoning is not None and self.thinking else None
+    def reasoning_markers(self) -> tuple[str, str] | None:
+        """The reasoning's start and end markers, where the model may reason before the request's grammar applies
+        (a reasoning parser, and a prompt that did not close the think block); None: it applies at once."""
+        if self.reasoning is None or self.thinking is False:
+            return None
+        return self.reasoning.reasoning_start_str, self.reasoning.reasoning_end_str
 
     def reasoning_tokens(self, token_ids: list[int], decode) -> int:
         """How many of a completion's tokens are reasoning (0 without a reasoning parser)."""
