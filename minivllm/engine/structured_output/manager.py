@@ -160,14 +160,14 @@ class StructuredOutputManager:
         self.gates.pop(seq_id, None)
 
     def check_integrity(self) -> None:
-        """Raise AssertionError unless every closed gate belongs to a sequence with a grammar."""
+        """Raise AssertionError unless every gate (closed or undecided) belongs to a sequence with a grammar."""
         stray = set(self.gates) - set(self.grammars)
         assert not stray, f"gates of sequences without a grammar: {sorted(stray)}"
 
     def constrains(self, out: SchedulerOutput) -> bool:
         """Whether a sampled row of ``out`` is under a grammar (its sampling then waits for the masks).
 
-        NOTE: a row whose gate is closed counts: with asynchronous scheduling the step in flight may end the
+        NOTE: a row whose gate is closed counts too: with asynchronous scheduling the step in flight may end the
         marker, and this step's token must then follow the grammar, whose masks are filled only after that."""
         grammars = self.grammars
         return bool(grammars) and any(s.seq_id in grammars for s in out.sampled)
