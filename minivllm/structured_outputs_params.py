@@ -4,8 +4,9 @@ engine checks the schema, the regex or the grammar itself when the request is ad
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: the constraint kinds, in the order they are looked for
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
@@ -31,6 +32,13 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     disable_any_whitespace: bool = True
+    #: the grammar starts after the output ends with these token ids (empty: at the first token). The OpenAI
+    #: server sets it to the reasoning's end marker when the prompt leaves a thinking model reasoning (vLLM holds
+    #: a grammar back while a reasoning parser says the model reasons); not a constructor argument, as in vLLM.
+    starts_after: tuple[int, ...] = field(default=(), init=False, compare=False)
+    #: with ``starts_after``: the grammar applies from the first token, unless that token is this one (the
+    #: reasoning's start marker) and the grammar does not allow it; it then starts after ``starts_after``
+    opened_by: int | None = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
         given = [k for k in KINDS if getattr(self, k) not in (None, False)]
@@ -70,3 +78,21 @@ class StructuredOutputsParams:
         value = getattr(self, self.kind)
         text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
         return self.kind, text, self.disable_any_whitespace
+
+    def starting_after(self, token_ids, opened_by: int | None = None) -> StructuredOutputsParams:
+        """A copy of this constraint whose grammar starts after the output ends with ``token_ids`` (non-empty; the
+        reasoning's end marker). With ``opened_by`` (the reasoning's start marker, one token) only if the output
+        opens with that token, which its first step then allows beside the grammar's tokens; else the grammar
+        applies from the first token."""
+        ids = tuple(token_ids)
+        if not ids or not all(_is_token_id(t) for t in ids):
+            raise ValueError(f"structured_outputs.starts_after must be a non-empty list of token ids, got {ids!r}")
+        if opened_by is not None and not _is_token_id(opened_by):
+            raise ValueError(f"structured_outputs.opened_by must be a token id, got {opened_by!r}")
+        out = copy.copy(self)
+        out.starts_after, out.opened_by = ids, opened_by
+        return out
+
+
+def _is_token_id(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and t >= 0

@@ -122,3 +122,18 @@ def test_thinking_from_prompt():
     assert p("<|im_start|>assistant\n<think>\n\n</think>\n\n") is False
     assert p("<|im_start|>assistant\n<think>\n") is True
     assert p("<|im_start|>assistant\n") is None
+
+
+@pytest.mark.parametrize("pieces, thinking, n", [
+    (["<think>", "a", "b", "</think>", "x"], None, 2),
+    (["<think>", "a", "b", "</", "think", ">", "x"], None, 2),  # a tag of several tokens is left out whole
+    (["a", "b", "c", "</", "think>", "\n\n", "{}"], True, 3),
+    (["</", "think>", "{}"], True, 0),
+    (["a", "b"], True, 2),  # not closed: all reasoning
+    (["<think>", "a", "</think>"], False, 0),
+    (["x", "y"], None, 0),
+])
+def test_reasoning_tokens_are_those_between_the_tags(pieces, thinking, n):
+    ids = list(range(len(pieces)))
+    decode = lambda token_ids: "".join(pieces[i] for i in token_ids)  # noqa: E731
+    assert Qwen3ReasoningParser().count_tokens(ids, decode, thinking=thinking) == n

@@ -302,3 +302,79 @@ def test_an_invalid_constraint_is_a_400_naming_the_field(server, body, param):
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+# a template that leaves the model thinking (``<think>\n``), or closes the block when thinking is off
+THINK_TEMPLATE = ("{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                  "{%- endfor %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- if enable_thinking is defined and not "
+                  "enable_thinking %}{{- '\\n</think>\\n\\n' }}{%- endif %}")
+FORCED = {"required": {"tools": [WEATHER, SEARCH], "tool_choice": "required"},
+          "named": {"tools": [WEATHER, SEARCH], "tool_choice": {"type": "function", "function": {"name": "search"}}},
+          "response_format": {"response_format": {"type": "json_schema", "json_schema": {
+              "name": "point", "schema": SCHEMAS["point"]}}}}
+
+
+def _chat_with_usage(server, stream: bool, **kw):
+    """(message dict, finish_reason, usage) of one chat completion, a stream put back together."""
+    kw = {"model": "demo", "messages": USER, "temperature": 0, "max_tokens": 120, **kw}
+    if not stream:
+        r = server.client.chat.completions.create(**kw)
+        return r.choices[0].message.model_dump(), r.choices[0].finish_reason, r.usage
+    usage = None
+    chunks = list(server.client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    usage = chunks[-1].usage
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in chunks:
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            reasoning += getattr(c.delta, "reasoning", None) or ""
+            for tc in c.delta.tool_calls or []:
+                call = calls.setdefault(tc.index, {"name": None, "arguments": ""})
+                call["name"] = call["name"] or tc.function.name
+                call["arguments"] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    calls = [{"function": c} for _, c in sorted(calls.items())]
+    return {"content": content or None, "reasoning": reasoning or None, "tool_calls": calls}, finish, usage
+
+
+def _check_forced(kind: str, msg: dict, finish: str) -> None:
+    if kind == "response_format":
+        assert finish == "stop" and not msg["tool_calls"], msg
+        jsonschema.validate(json.loads(msg["content"]), SCHEMAS["point"])
+        return
+    assert finish == "tool_calls" and msg["content"] is None and msg["tool_calls"], msg
+    for call in msg["tool_calls"]:
+        name = call["function"]["name"]
+        assert kind == "required" or name == "search", msg
+        jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL_PARAMS[name])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("kind", list(FORCED))
+def test_a_thinking_model_reasons_before_a_forced_call_or_format(server, stream, kind):
+    """As vLLM with a reasoning parser: the grammar of a forced call or a response_format starts after
+    ``</think>`` (here forced by thinking_token_budget, the demo model does not think by itself); the reasoning is
+    split off first, the call or the content read from the rest, and reasoning_tokens counts the reasoning."""
+    for budget in (3, 8):
+        msg, finish, usage = _chat_with_usage(server, stream, **FORCED[kind], extra_body={
+            "chat_template": THINK_TEMPLATE, "thinking_token_budget": budget})
+        assert msg["reasoning"] and "think>" not in msg["reasoning"], msg
+        _check_forced(kind, msg, finish)
+        n = usage.completion_tokens_details.reasoning_tokens
+        assert 0 < n <= budget < usage.completion_tokens, usage
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("kind", list(FORCED))
+def test_with_thinking_off_the_grammar_starts_at_the_first_token(server, stream, kind):
+    msg, finish, usage = _chat_with_usage(server, stream, **FORCED[kind], extra_body={
+        "chat_template": THINK_TEMPLATE, "chat_template_kwargs": {"enable_thinking": False}})
+    assert msg["reasoning"] is None, msg
+    _check_forced(kind, msg, finish)
+    assert usage.completion_tokens_details.reasoning_tokens == 0, usage
+
+
+def test_a_forced_call_whose_reasoning_is_cut_short_has_no_call(server):
+    msg, finish, _ = _chat_with_usage(server, False, **FORCED["named"], max_tokens=6, extra_body={
+        "chat_template": THINK_TEMPLATE, "thinking_token_budget": 50})
+    assert finish == "length" and msg["reasoning"] and not msg["tool_calls"] and msg["content"] is None, msg

@@ -140,10 +140,12 @@ class LLMEngine:
         return wm.history()
 
     def _schedule(self, req: RequestState, grammar) -> None:
-        """Hand the request's sequences to the scheduler, each at the start of ``grammar``'s template if any."""
+        """Hand the request's sequences to the scheduler, each at the start of ``grammar``'s template if any (or
+        waiting for its ``starts_after`` marker)."""
+        so = req.params.structured_outputs
         for seq in req.seqs:
             if grammar is not None:
-                self.structured.start(seq.seq_id, grammar)
+                self.structured.start(seq.seq_id, grammar, so.starts_after, so.opened_by)
             self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:

@@ -106,6 +106,10 @@ class Grammar:
         """Advance by one token; False (and a stopped grammar) when the grammar does not allow it."""
         return self.matcher.consume_token(token_id)
 
+    def allows(self, token_id: int) -> bool:
+        """Whether the grammar takes ``token_id`` next (the state does not move)."""
+        return self.matcher.validate_tokens([token_id]) == 1
+
     @property
     def is_stopped(self) -> bool:
         """Nothing but EOS may follow (the output is complete), or the grammar failed."""

@@ -9,6 +9,11 @@ takes it (``take_compiled``), so a large schema never stalls the other requests'
 The engine's step calls it at named points: ``take_compiled`` (admission), ``constrains`` (does a step's
 sampling wait for masks?), ``fill_async`` (fill them while the forward runs, once the grammars hold every
 earlier token), ``bitmask`` (fill them now), ``accept`` (advance a sequence by its new token).
+
+A grammar may start after a marker (``StructuredOutputsParams.starts_after``, the reasoning's end): until the
+sequence's output ends with it, its ``ReasoningGate`` is closed, the grammar is neither applied nor advanced, and
+its row gets no mask. An undecided gate (``opened_by``) masks the first token with the grammar's tokens and the
+reasoning's start token, which then closes it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import torch
 
 from minivllm.config import StructuredOutputsConfig
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.engine.structured_output.backend import Grammar, GuidanceBackend, bitmask_words
+from minivllm.engine.structured_output.backend import BITS, Grammar, GuidanceBackend, bitmask_words
+from minivllm.engine.structured_output.reasoning_gate import ReasoningGate
 from minivllm.structured_outputs_params import StructuredOutputsParams
 
 
@@ -53,6 +59,7 @@ class StructuredOutputManager:
         self._mask_pool: concurrent.futures.ThreadPoolExecutor | None = None  # fills masks
         self._executor = None  # llguidance's thread pool for the parallel mask fill
         self.grammars: dict[int, Grammar] = {}  # seq id -> its grammar state
+        self.gates: dict[int, ReasoningGate] = {}  # seq id -> its gate, until it opens (``grammars``' ids)
         self._compiling: dict[str, concurrent.futures.Future] = {}  # request id -> its grammar's compilation
 
     # ------------------------------------------------------------------ compile
@@ -119,37 +126,69 @@ class StructuredOutputManager:
             raise ValueError(f"structured_outputs.{so.kind} is invalid: {error.strip()}")
 
     # ------------------------------------------------------------------ sequences
-    def start(self, seq_id: int, template) -> None:
-        """Sequence ``seq_id`` starts at the beginning of ``template``'s grammar."""
+    def start(self, seq_id: int, template, starts_after: tuple[int, ...] = (), opened_by: int | None = None) -> None:
+        """Sequence ``seq_id`` starts at the beginning of ``template``'s grammar, or, with ``starts_after``, once
+        its output ends with those token ids (with ``opened_by``: if its first token is that one)."""
+        if starts_after:
+            self.gates[seq_id] = ReasoningGate(tuple(starts_after), opened_by)
         self.grammars[seq_id] = Grammar(template.deep_copy())
 
     def accept(self, seq_id: int, token_id: int) -> bool:
         """Advance ``seq_id``'s grammar by its new token; True when the output is now complete (or the grammar
-        failed: nothing more can be generated under it)."""
+        failed: nothing more can be generated under it). A token before the grammar starts does not advance it."""
         g = self.grammars.get(seq_id)
         if g is None:
             return False
+        gates = self.gates
+        if gates and seq_id in gates:
+            gate = gates[seq_id]
+            if gate.undecided:  # the first token: does the model open its reasoning?
+                if token_id == gate.opened_by and not g.allows(token_id):
+                    gate.opened_by = None  # closed until the end marker
+                    return False
+                del gates[seq_id]  # no reasoning: this token is the grammar's
+            else:
+                if gate.push(token_id):
+                    del gates[seq_id]  # the grammar applies from the next token
+                return False
         if not g.is_stopped:
             g.accept(token_id)
         return g.is_stopped
 
     def drop(self, seq_id: int) -> None:
         self.grammars.pop(seq_id, None)
+        self.gates.pop(seq_id, None)
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless every gate (closed or undecided) belongs to a sequence with a grammar."""
+        stray = set(self.gates) - set(self.grammars)
+        assert not stray, f"gates of sequences without a grammar: {sorted(stray)}"
 
     def constrains(self, out: SchedulerOutput) -> bool:
-        """Whether a sampled row of ``out`` is under a grammar (its sampling then waits for the masks)."""
+        """Whether a sampled row of ``out`` is under a grammar (its sampling then waits for the masks).
+
+        NOTE: a row whose gate is closed counts too: with asynchronous scheduling the step in flight may end the
+        marker, and this step's token must then follow the grammar, whose masks are filled only after that."""
         grammars = self.grammars
         return bool(grammars) and any(s.seq_id in grammars for s in out.sampled)
 
     def bitmask(self, out: SchedulerOutput) -> GrammarBitmask | None:
         """The masks of ``out``'s constrained sampled rows, each row's grammar advanced to its newest token
-        (None: no row is constrained). A stopped grammar's row allows every token: its token is dropped."""
-        rows, matchers = [], []
+        (None: no row is constrained). A stopped grammar's row allows every token: its token is dropped. A row
+        whose gate is closed is free; an undecided one also allows the reasoning's start token."""
+        rows, matchers, openers = [], [], []
+        gates = self.gates
         for row, s in enumerate(out.sampled):
             g = self.grammars.get(s.seq_id)
-            if g is not None:
-                rows.append(row)
-                matchers.append(None if g.is_stopped else g.matcher)
+            if g is None:
+                continue
+            gate = gates.get(s.seq_id) if gates else None
+            if gate is not None:
+                if not gate.undecided:
+                    continue
+                openers.append((len(rows), gate.opened_by))
+            rows.append(row)
+            matchers.append(None if g.is_stopped else g.matcher)
         if not rows:
             return None
         mask = torch.full((len(rows), bitmask_words(self.vocab_size)), -1, dtype=torch.int32)  # [R, W]
@@ -161,6 +200,9 @@ class StructuredOutputManager:
             if self._executor is None:
                 self._executor = llguidance.LLExecutor(self.num_threads)
             fill_next_token_bitmask_par(self._executor, live, mask)
+        for j, token in openers:
+            word, bit = divmod(token, BITS)
+            mask[j, word] |= (1 << bit) - (1 << BITS if bit == BITS - 1 else 0)  # the bit, as a signed int32
         return GrammarBitmask(tuple(rows), mask)
 
     def fill_async(self, out: SchedulerOutput) -> concurrent.futures.Future:

@@ -6,6 +6,11 @@ Where the calls come from depends on ``tool_choice``: ``auto`` parses the model'
 ``{"name", "parameters"}`` (both forced by the request's grammar, see ``structured.py``); ``none`` reads nothing.
 A named function's call is returned even when ``max_tokens`` cut its arguments short (as in vLLM, whole or
 streamed); a ``required`` output cut short cannot be split into calls, and comes back as content.
+
+With a reasoning parser, unless the prompt closed the think block, the model may reason before the request's
+grammar applies (``structured.after_reasoning``): the reasoning is split off first, and the content, the forced
+call(s) included, is read from the rest. With thinking off a forced call's grammar starts at the first token,
+and its whole output is the call.
 """
 
 from __future__ import annotations
@@ -40,12 +45,21 @@ class ChatOutputReader:
         self.named = tool_choice.function.name if isinstance(tool_choice, NamedToolChoice) else None
         self.required = tool_choice == "required"
         self.tool_parser = TOOL_PARSERS[tool_parser]() if tool_choice == "auto" and tool_parser else None
-        # a forced call's grammar starts at the first token: there is no reasoning to split off
-        forced = self.named is not None or self.required
-        self.reasoning = REASONING_PARSERS[reasoning_parser]() if reasoning_parser and not forced else None
+        parser = REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
         # what the prompt decided: a template may open the think block itself, or close it (thinking off)
-        self.thinking = self.reasoning.thinking_from_prompt(prompt_tail) if self.reasoning is not None else None
+        self.thinking = parser.thinking_from_prompt(prompt_tail) if parser is not None else None
+        # with thinking off, a forced call's grammar starts at the first token: its whole output is the call
+        forced = self.named is not None or self.required
+        self.reasoning = parser if parser is not None and (not forced or self.thinking is not False) else None
         self.include_reasoning = include_reasoning  # false: the reasoning is split off, then left out
+
+    @property
+    def reasoning_markers(self) -> tuple[str, str] | None:
+        """The reasoning's start and end markers, where the model may reason before the request's grammar applies
+        (a reasoning parser, and a prompt that did not close the think block); None: it applies at once."""
+        if self.reasoning is None or self.thinking is False:
+            return None
+        return self.reasoning.reasoning_start_str, self.reasoning.reasoning_end_str
 
     def reasoning_tokens(self, token_ids: list[int], decode) -> int:
         """How many of a completion's tokens are reasoning (0 without a reasoning parser)."""
@@ -58,6 +72,10 @@ class ChatOutputReader:
         reasoning, content = (self.reasoning.extract(text, thinking=self.thinking) if self.reasoning is not None
                               else (None, text))
         calls: list[R.ToolCall] = []
+        if self.reasoning is not None and (self.named is not None or self.required):
+            text = content or ""  # the forced call(s) follow the reasoning; none when it was cut short
+            if not text:
+                return R.AssistantMessage(content=None, reasoning=reasoning if self.include_reasoning else None)
         if self.named is not None:
             calls, content = self._forced([{"name": self.named, "parameters": _loads(text)}], text)
             if not calls:  # cut short (finish_reason length): still the call, with the arguments so far, as vLLM
@@ -104,30 +122,16 @@ class ChoiceStreamer:
 
     def _step(self, text: str, final: bool) -> R.DeltaMessage | None:
         r = self.reader
-        if r.named is not None:
-            first = self.num_calls == 0
-            self.num_calls = 1
-            if not text and not first:
-                return None
-            return R.DeltaMessage(tool_calls=[R.DeltaToolCall(
-                index=0, id=self._named_id if first else None, type="function" if first else None,
-                function=R.DeltaFunctionCall(name=r.named if first else None, arguments=text))])
-        if r.required:
-            self.buffer += text
-            if not final:
-                return None
-            calls, content = r._forced(_loads(self.buffer), self.buffer)
-            self.num_calls = len(calls)
-            if content is not None:
-                return R.DeltaMessage(content=content) if content else None
-            return R.DeltaMessage(tool_calls=[R.DeltaToolCall(
-                index=i, id=c.id, type="function",
-                function=R.DeltaFunctionCall(name=c.function.name, arguments=c.function.arguments))
-                for i, c in enumerate(calls)])
         reasoning, content = "", text
         if self.reasoning is not None:
             reasoning, content = self.reasoning.finish() if final else self.reasoning.feed(text)
             reasoning = reasoning if r.include_reasoning else ""
+        if r.named is not None or r.required:
+            delta = self._forced_delta(content, final)
+            if reasoning:
+                delta = delta or R.DeltaMessage()
+                delta.reasoning = reasoning
+            return delta
         calls = None
         if self.tools is not None:
             fed, deltas = self.tools.feed(content) if content else ("", [])
@@ -139,6 +143,32 @@ class ChoiceStreamer:
         if not reasoning and not content and not calls:
             return None
         return R.DeltaMessage(reasoning=reasoning or None, content=content or None, tool_calls=calls)
+
+    def _forced_delta(self, text: str, final: bool) -> R.DeltaMessage | None:
+        """The delta of a forced call's output (``text``: its next piece, after any reasoning). A named call
+        streams its arguments as they come (its first delta names it); a ``required`` array is read once whole."""
+        r = self.reader
+        if r.named is not None:
+            first = self.num_calls == 0
+            if first and not text and self.reasoning is not None:
+                return None  # the call starts with the text after the reasoning (none: it was cut short)
+            self.num_calls = 1
+            if not text and not first:
+                return None
+            return R.DeltaMessage(tool_calls=[R.DeltaToolCall(
+                index=0, id=self._named_id if first else None, type="function" if first else None,
+                function=R.DeltaFunctionCall(name=r.named if first else None, arguments=text))])
+        self.buffer += text
+        if not final:
+            return None
+        calls, content = r._forced(_loads(self.buffer), self.buffer)
+        self.num_calls = len(calls)
+        if content is not None:
+            return R.DeltaMessage(content=content) if content else None
+        return R.DeltaMessage(tool_calls=[R.DeltaToolCall(
+            index=i, id=c.id, type="function",
+            function=R.DeltaFunctionCall(name=c.function.name, arguments=c.function.arguments))
+            for i, c in enumerate(calls)])
 
 
 def _loads(text: str):

@@ -138,8 +138,10 @@ class Qwen3ReasoningParser:
         first = _first_prefix(token_ids, decode, lambda t: len(t) >= len(THINK_OPEN)) if opened else 0
         if THINK_CLOSE not in text:
             return len(token_ids) - first
-        end = _first_prefix(token_ids, decode, lambda t: THINK_CLOSE in t)
-        return max(0, end - 1 - first)  # the token that completes ``</think>`` is the tag's
+        # the tokens that reach the start of ``</think>``: a tag of several tokens is left out whole
+        close = text.index(THINK_CLOSE)
+        end = _first_prefix(token_ids, decode, lambda t: len(t) >= close) if close else 0
+        return max(0, end - first)
 
     def streamer(self, *, thinking: bool | None = None) -> Qwen3ReasoningStreamer:
         """A fresh incremental parser for one output (``thinking``: as for ``extract``)."""

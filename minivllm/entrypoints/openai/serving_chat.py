@@ -16,7 +16,7 @@ from minivllm.entrypoints.openai.chat_outputs import ChatOutputReader
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
 from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
-from minivllm.entrypoints.openai.structured import constraint
+from minivllm.entrypoints.openai.structured import after_reasoning, constraint
 from minivllm.sampling_params import ParameterError, truncate_prompt
 
 
@@ -44,6 +44,10 @@ class ChatServing(ServingBase):
         tail = self.tokenization.decode_now(ids[-8:], skip_special_tokens=False) if self.parsers.reasoning_parser else ""
         reader = ChatOutputReader(choice if req.tools else "none", self.parsers.tool_call_parser,
                                   self.parsers.reasoning_parser, tail, req.include_reasoning)
+        if so is not None and reader.reasoning_markers is not None:  # the model may reason first, as vLLM lets it
+            start, end = [await self.tokenization.encode(m, add_special_tokens=False, check_length=False)
+                          for m in reader.reasoning_markers]
+            so = after_reasoning(so, reader.thinking, start, end)
         ids = truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side or "left")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:

@@ -99,3 +99,21 @@ def constraint(response_format: ResponseFormat | None, structured: StructuredOut
         return StructuredOutputsParams(**structured.model_dump(by_alias=True, exclude_none=True)), field
     except ValueError as exc:
         raise APIError(400, str(exc).replace("structured_outputs", field, 1), param=field) from None
+
+
+def after_reasoning(so: StructuredOutputsParams | None, thinking: bool | None, start_ids: list[int],
+                    end_ids: list[int]) -> StructuredOutputsParams | None:
+    """``so`` held back while a thinking model reasons, as vLLM holds a grammar while its reasoning parser says the
+    model reasons. ``thinking``: what the prompt decided (``ChatOutputReader.thinking``); ``start_ids`` /
+    ``end_ids``: the reasoning's markers as token ids.
+
+    A prompt that opened the think block: the grammar starts after the end marker. One that did not decide: the
+    model may open its reasoning with its first token (a start marker of one token, allowed then beside the
+    grammar's tokens), and the grammar then starts after the end marker; otherwise at the first token. Unlike
+    vLLM, which holds the grammar until ``</think>`` even when the model does not think. Thinking off: unchanged.
+    """
+    if so is None or thinking is False or not end_ids:
+        return so
+    if thinking:
+        return so.starting_after(end_ids)
+    return so.starting_after(end_ids, opened_by=start_ids[0]) if len(start_ids) == 1 else so
