@@ -114,10 +114,6 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_types(self)
         self.fp8 = fp8_config(self.arch.quantization_config, self.quantization)  # ValueError if unsupported
-        if self.fp8 is not None and self.fp8.from_checkpoint and self.arch.is_moe and self.load_format != "dummy":
-            raise ValueError("FP8 checkpoints of mixture-of-experts models are not supported yet (their experts are "
-                             "stored in FP8); load the bf16 checkpoint, with quantization='fp8' for FP8 attention "
-                             "and dense layers")
         if self.max_model_len is None:
             self.max_model_len = min(4096, self.arch.max_position_embeddings)
         at_least("max_model_len", self.max_model_len, 1)

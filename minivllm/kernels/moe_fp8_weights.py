@@ -16,16 +16,22 @@ import torch.nn.functional as F
 from minivllm.kernels.torch_backend import FP8_E4M3_MAX
 
 
-def quantize_weights_fp8(w: torch.Tensor, block: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_weights_fp8(w: torch.Tensor, block: tuple[int, int] | None,
+                         amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``w`` [E, N, K] -> ``(w8 [E, N, K] float8_e4m3fn, scale float32)``: ``scale`` [E, N] per output channel
-    (``block`` None), or [E, cdiv(N, b0), cdiv(K, b1)] per block; ``w ~ w8 * scale``."""
+    (``block`` None), or [E, cdiv(N, b0), cdiv(K, b1)] per block; ``w ~ w8 * scale``. ``amax`` [E, N] (per
+    channel only): each channel's largest magnitude, given (a tensor-parallel rank holding a K-slice of it)."""
     if w.dim() != 3:
         raise ValueError(f"quantize_weights_fp8 needs w [E, N, K], got {tuple(w.shape)}")
+    if amax is not None and block is not None:
+        raise ValueError("quantize_weights_fp8: amax goes with per-channel scales (block None) only")
     e, n, k = w.shape
     b0, b1 = block if block is not None else (1, k)
     n0, n1 = -(-n // b0), -(-k // b1)
     padded = F.pad(w.float(), (0, n1 * b1 - k, 0, n0 * b0 - n)).view(e, n0, b0, n1, b1)  # [E, n0, b0, n1, b1]
-    scale = (padded.abs().amax(dim=(2, 4)) / FP8_E4M3_MAX).clamp(min=1e-12)  # [E, n0, n1]
+    if amax is None:
+        amax = padded.abs().amax(dim=(2, 4))  # [E, n0, n1]
+    scale = (amax.float().view(e, n0, n1) / FP8_E4M3_MAX).clamp(min=1e-12)  # [E, n0, n1]
     # NOTE: as quantize_weight_fp8_ref: times the reciprocal per channel, a division per block
     wide = scale[:, :, None, :, None]
     q = (padded * (1.0 / wide) if block is None else padded / wide).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minivllm.kernels.torch_backend import dequantize_weight_fp8_ref
+
 
 def select_experts(router_logits: torch.Tensor, top_k: int,
                    renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,13 +30,18 @@ def select_experts(router_logits: torch.Tensor, top_k: int,
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+              topk_ids: torch.Tensor, *, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+              block_shape: tuple[int, int] | None = None) -> torch.Tensor:
     """``sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))`` over each token's experts
     ``e = topk_ids[t, j]``: ``[n, H]`` in ``x``'s dtype.
 
     The projections run in ``x``'s dtype; the weighted sum over the k picks accumulates in float32, expert by
     expert in increasing order (transformers' order). The loop visits only the experts that have tokens, each
     with its rows gathered into one matmul.
+
+    FP8 experts (``fused_moe_triton``'s arguments: float8_e4m3fn ``w13``/``w2``, their scales per output channel
+    or per ``block_shape`` block): each picked expert's weights are dequantized to ``x``'s dtype, and the
+    activations stay unquantized, as the Triton decode path runs them.
     """
     n, _ = x.shape  # x: [n, H]
     num_experts, top_k, inter = w13.shape[0], topk_ids.shape[1], w2.shape[2]
@@ -49,9 +56,24 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         if count == 0:
             continue
         rows = tokens[start:start + count]  # [count]
-        h = F.linear(x.index_select(0, rows), w13[expert])  # [count, 2 * I]
+        gate_up = w13[expert] if w13_scale is None else dequantize_expert(w13, w13_scale, block_shape, expert,
+                                                                          x.dtype, gated=True)  # [2I, H]
+        down = w2[expert] if w2_scale is None else dequantize_expert(w2, w2_scale, block_shape, expert, x.dtype)
+        h = F.linear(x.index_select(0, rows), gate_up)  # [count, 2 * I]
         act = F.silu(h[:, :inter]) * h[:, inter:]  # [count, I]
-        y = F.linear(act, w2[expert])  # [count, H]
+        y = F.linear(act, down)  # [count, H]
         out.index_add_(0, rows, y.float() * weights[start:start + count, None])
         start += count
     return out.to(x.dtype)
+
+
+def dequantize_expert(w8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None, expert: int,
+                      dtype: torch.dtype, gated: bool = False) -> torch.Tensor:
+    """Expert ``expert``'s weight (``[N, K]`` in ``dtype``) from stacked FP8 ones ``w8`` [E, N, K] and their
+    scales (``[E, N]`` per channel, ``[E, N blocks, K blocks]`` per block). ``gated``: ``w13``, whose gate and
+    up halves have their own blocks, the gate's stacked first."""
+    if not gated or block is None:
+        return dequantize_weight_fp8_ref(w8[expert], scale[expert], block, dtype)
+    inter, half = w8.shape[1] // 2, scale.shape[1] // 2
+    return torch.cat([dequantize_weight_fp8_ref(w8[expert, :inter], scale[expert, :half], block, dtype),
+                      dequantize_weight_fp8_ref(w8[expert, inter:], scale[expert, half:], block, dtype)])

@@ -21,11 +21,16 @@ class FusedMoE(nn.Module):
     intermediate_size / tp_size``) and returns its partial sum, which the next norm sums over the ranks, as the
     dense MLP's ``down_proj(reduce_results=False)`` does. ``backend="triton"``: the Triton kernels of
     ``kernels/fused_moe.py``; otherwise plain torch (``kernels/moe_torch.py``).
+
+    FP8 experts (``quant_method``, set by ``quantization.apply_quantization``): ``w13_weight`` and ``w2_weight`` in
+    float8_e4m3fn with ``w13_weight_scale`` / ``w2_weight_scale`` per output channel, or per ``block_shape``
+    block (``layers/quantization/fp8_moe.py``).
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool, backend: str = "torch", tp_group: TPGroup | None = None):
         super().__init__()
+        self.tp_group = tp_group
         self.tp_rank, self.tp_size = rank_and_size(tp_group)
         self.num_experts, self.top_k, self.renormalize, self.backend = num_experts, top_k, renormalize, backend
         self.intermediate_size_per_rank = divide(intermediate_size, self.tp_size)
@@ -33,14 +38,22 @@ class FusedMoE(nn.Module):
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter), requires_grad=False)
         self.w13_weight.weight_loader = self.w2_weight.weight_loader = self.weight_loader
+        self.quant_method = None  # set once, before loading, by ``quantization.apply_quantization``
+        self.w13_weight_scale: torch.Tensor | None = None  # FP8 experts: [E, 2 * I_rank] or [E, row blocks, K blocks]
+        self.w2_weight_scale: torch.Tensor | None = None  # FP8 experts: [E, H] or [E, row blocks, K blocks]
+        self.block_shape: tuple[int, int] | None = None  # FP8 experts: rows x columns a scale, None per channel
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, expert_id: int, shard: str) -> None:
-        """Copy this rank's slice of one expert's checkpoint projection (``shard``: ``"gate"`` or ``"up"``, a
-        full ``[intermediate, hidden]`` tensor, or ``"down"``, a full ``[hidden, intermediate]`` one)."""
+    def check_expert_shard(self, expert_id: int, shard: str) -> None:
+        """ValueError unless ``shard`` names an expert's projection and ``expert_id`` one of the experts."""
         if shard not in EXPERT_SHARDS:
             raise ValueError(f"shard must be one of {EXPERT_SHARDS}, got {shard!r}")
         if not 0 <= expert_id < self.num_experts:
             raise ValueError(f"expert_id must be in [0, {self.num_experts}), got {expert_id}")
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, expert_id: int, shard: str) -> None:
+        """Copy this rank's slice of one expert's checkpoint projection (``shard``: ``"gate"`` or ``"up"``, a
+        full ``[intermediate, hidden]`` tensor, or ``"down"``, a full ``[hidden, intermediate]`` one)."""
+        self.check_expert_shard(expert_id, shard)
         inter = self.intermediate_size_per_rank
         start = self.tp_rank * inter
         if shard == "down":
@@ -55,6 +68,12 @@ class FusedMoE(nn.Module):
             from minivllm.kernels.fused_moe import fused_moe_triton, select_experts_triton  # GPU only
 
             topk_weights, topk_ids = select_experts_triton(router_logits, self.top_k, self.renormalize)
-            return fused_moe_triton(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+            return fused_moe_triton(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, **self._fp8_args())
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)  # [n, k], [n, k]
-        return fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        return fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, **self._fp8_args())
+
+    def _fp8_args(self) -> dict:
+        """The FP8 experts' scales and block for the fused call (none for experts in the model's dtype)."""
+        if self.w13_weight_scale is None:
+            return {}
+        return dict(w13_scale=self.w13_weight_scale, w2_scale=self.w2_weight_scale, block_shape=self.block_shape)

@@ -56,7 +56,7 @@ def load_weights(model: nn.Module, path: str) -> None:
                     expert_parts.setdefault(target, set()).add(shard_args)
     missing = {n for n in params if n not in loaded}
     for target, parts in expert_parts.items():  # every expert's gate and up (w13), or down (w2)
-        expected = params[target].shape[0] * (1 if target.endswith("w2_weight") else 2)
+        expected = params[target].shape[0] * (1 if target.rsplit(".", 1)[-1].startswith("w2_") else 2)
         if len(parts) < expected:
             missing.add(f"{target} ({len(parts)} of its {expected} expert projections)")
     if getattr(model, "tie_word_embeddings", False):
@@ -65,20 +65,22 @@ def load_weights(model: nn.Module, path: str) -> None:
         raise ValueError(f"checkpoint {path!r} lacks weights for: {', '.join(sorted(missing)[:8])}")
 
 
-_EXPERT_WEIGHT = re.compile(r"(.*\.experts)\.(\d+)\.([^.]+)\.weight")
+_EXPERT_WEIGHT = re.compile(r"(.*\.experts)\.(\d+)\.([^.]+)\.weight(_scale(?:_inv)?)?")
 
 
 def _target(model: nn.Module, name: str, packed: dict) -> tuple[str, tuple]:
     """Our parameter for checkpoint tensor ``name``, and the extra arguments of its ``weight_loader``: a fused
     layer's shard id (q/k/v, gate/up), or an expert's ``(expert_id, shard)`` in a MoE layer's stacked weights
     (the model's ``expert_params_mapping``: ``mlp.experts.3.up_proj.weight`` -> ``mlp.experts.w13_weight``,
-    ``(3, "up")``). The model's ``checkpoint_substr_mapping`` renames parts of the name first."""
+    ``(3, "up")``; its FP8 scale ``weight_scale_inv`` -> ``w13_weight_scale``). The model's
+    ``checkpoint_substr_mapping`` renames parts of the name first."""
     for hf_part, ours in getattr(model, "checkpoint_substr_mapping", {}).items():
         name = name.replace(hf_part, ours)
     experts = getattr(model, "expert_params_mapping", None)
     if experts and (m := _EXPERT_WEIGHT.fullmatch(name)) and m.group(3) in experts:
         shard = experts[m.group(3)]
-        return f"{m.group(1)}.{'w2' if shard == 'down' else 'w13'}_weight", (int(m.group(2)), shard)
+        scale = "_scale" if m.group(4) else ""
+        return f"{m.group(1)}.{'w2' if shard == 'down' else 'w13'}_weight{scale}", (int(m.group(2)), shard)
     target = name.replace(".weight_scale_inv", ".weight_scale")
     for hf_name, (ours, sid) in packed.items():
         if f".{hf_name}." in name:

@@ -18,7 +18,8 @@ from minivllm.models.qwen3 import Qwen3ForCausalLM
 
 
 class SparseMoeBlock(nn.Module):
-    """The router (``gate``: one logit per expert, replicated on every rank, never quantized) and the experts.
+    """The router (``gate``: one logit per expert, replicated on every rank, never quantized) and the experts
+    (FP8 under ``quantization="fp8"`` or an FP8 checkpoint).
 
     With a ``tp_group`` it returns this rank's partial sum (the next norm sums it), as the dense MLP does.
     """
@@ -30,7 +31,8 @@ class SparseMoeBlock(nn.Module):
                                 cfg.moe_intermediate_size, renormalize, backend, tp_group)
 
     def input_quant(self, x: torch.Tensor) -> None:
-        """The norm before this block hands over its rows unquantized (router and experts are not FP8)."""
+        """The norm before this block hands over its rows unquantized: the router is not FP8, and FP8 experts
+        quantize their own inputs (``fused_moe_triton``)."""
         return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, hidden]
