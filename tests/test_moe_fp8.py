@@ -37,6 +37,17 @@ def _experts(llm: LLM) -> list:
     return [m for m in llm.engine.executor.runner.model.modules() if type(m).__name__ == "FusedMoE"]
 
 
+def _near_tie_gaps(path: str, prompts, outs) -> list[float]:
+    """For each picked token, teacher-forced through transformers in float32: how far below that step's best
+    logit its logit is, in standard deviations of the step's logits."""
+    gaps = []
+    for prompt, out in zip(prompts, outs):
+        logits = hf_logits(path, prompt + out)[len(prompt) - 1:-1]  # [steps, vocab]: the logits of each pick
+        chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]  # [steps]
+        gaps += ((logits.max(1).values - chosen) / logits.std(1)).tolist()
+    return gaps
+
+
 # ------------------------------------------------------------------ the torch path on FP8 experts
 
 @pytest.mark.parametrize("block", [None, (16, 32), (32, 32)])
@@ -257,17 +268,6 @@ def test_tp2_fp8_experts_give_tp1s_greedy_tokens(fmt, tiny_moe_model, block_chec
 
 
 # ------------------------------------------------------------------ the layer's Triton branch
-
-def _near_tie_gaps(path: str, prompts, outs) -> list[float]:
-    """For each picked token, teacher-forced through transformers in float32: how far below that step's best
-    logit its logit is, in standard deviations of the step's logits."""
-    gaps = []
-    for prompt, out in zip(prompts, outs):
-        logits = hf_logits(path, prompt + out)[len(prompt) - 1:-1]  # [steps, vocab]: the logits of each pick
-        chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]  # [steps]
-        gaps += ((logits.max(1).values - chosen) / logits.std(1)).tolist()
-    return gaps
-
 
 @pytest.mark.slow
 @pytest.mark.triton
