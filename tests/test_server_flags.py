@@ -18,7 +18,7 @@ from minivllm.entrypoints.openai.metrics import PrometheusStatLogger, tokens_buc
 from minivllm.entrypoints.openai.request_metrics import request_metrics
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
 from minivllm.outputs import CompletionOutput, RequestOutput
-from tests.helpers.server_utils import ROOT, running_server
+from tests.helpers.server_utils import ROOT, running_server, stream_events
 
 pytestmark = [pytest.mark.server,
               pytest.mark.skipif(not (ROOT / "models" / "minivllm-demo-py").is_dir(), reason="no demo model")]
@@ -50,11 +50,7 @@ def post(server, path: str, body: dict, status: int = 200) -> dict:
 
 
 def sse_events(server, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", server.url + path, json={"model": NAME, **body, "stream": True}, timeout=60) as r:
-        assert r.status_code == 200
-        lines = [ln.removeprefix("data: ") for ln in r.iter_lines() if ln.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    return [json.loads(ln) for ln in lines[:-1]]
+    return stream_events(server.url, path, {"model": NAME, **body})
 
 
 # ------------------------------------------------------------------ /tokenizer_info and /tokenize

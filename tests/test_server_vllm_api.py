@@ -5,8 +5,6 @@ logprobs, logit_bias / allowed_token_ids / bad_words, token ids in and out, cach
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import openai
 import pytest
@@ -15,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minivllm import __version__
 from tests.helpers.hf_reference import hf_logits
-from tests.helpers.server_utils import running_server
+from tests.helpers.server_utils import running_server, stream_events
 
 pytestmark = pytest.mark.server
 NAME = "tiny"
@@ -45,11 +43,7 @@ def error_param(server, path: str, body: dict) -> str | None:
 
 
 def sse_events(server, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", server.url + path, json={"model": NAME, **body, "stream": True}, timeout=60) as r:
-        assert r.status_code == 200
-        lines = [ln.removeprefix("data: ") for ln in r.iter_lines() if ln.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    return [json.loads(ln) for ln in lines[:-1]]
+    return stream_events(server.url, path, {"model": NAME, **body})
 
 
 # ------------------------------------------------------------------ prompt logprobs

@@ -81,3 +81,13 @@ def running_server(model: str, args: list[str], log_dir: Path, env: dict | None 
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+def stream_events(url: str, path: str, body: dict) -> list[dict]:
+    """POST ``body`` with ``"stream": true`` to ``url + path``: the SSE events' JSON, after checking the 200 and
+    the closing ``[DONE]``."""
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        lines = [ln.removeprefix("data: ") for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(ln) for ln in lines[:-1]]
