@@ -47,18 +47,23 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | list[SamplingParams]
              | None = None, use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[dict]:
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None) -> list[dict]:
         """``generate`` on conversations (one, or a list of them) rendered by the chat template, as vLLM's
         ``LLM.chat``: the tokenizer's template, or ``chat_template``, with ``chat_template_kwargs`` (such as
         ``enable_thinking``). ``continue_final_message`` continues the last (assistant) message instead of
-        starting a new one."""
+        starting a new one. ``tools``: OpenAI-style tool definitions (``{"type": "function", "function": {...}}``)
+        that the template lists for the model, as vLLM's ``tools``; the output is text (parse any calls in it)."""
         conversations = conversations_of(messages)
+        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+            raise ValueError(f"tools must be a list of tool definitions (dicts) or None, got {tools!r:.80}")
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer, and this checkpoint has none")
         if not chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("chat_template is needed: this model's tokenizer has none")
-        prompts = [tokenizer.apply_chat_template(c, tokenize=False, **chat_template_args(
+        extra = {"tools": tools} if tools else {}
+        prompts = [tokenizer.apply_chat_template(c, tokenize=False, **extra, **chat_template_args(
             add_generation_prompt, continue_final_message, chat_template, chat_template_kwargs,
             c[-1].get("role"))) for c in conversations]
         ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]

@@ -49,3 +49,22 @@ def test_bad_messages_name_the_parameter(llm, messages):
         return
     with pytest.raises(ValueError, match="^messages must be a conversation"):
         llm.chat(messages, use_tqdm=False)
+
+
+TOOLS = [{"type": "function", "function": {"name": "lookup_word", "description": "Look a word up.",
+                                            "parameters": {"type": "object", "properties": {"word": {"type": "string"}},
+                                                           "required": ["word"]}}}]
+
+
+def test_tools_are_rendered_by_the_template(llm):
+    """``tools`` reach the template (vLLM's ``LLM.chat(tools=...)``); bad ones are a ValueError naming tools."""
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    template = "{% for t in tools or [] %}[{{ t['function']['name'] }}]{% endfor %}{{ messages[0]['content'] }}"
+    got = llm.chat(MSGS[:1], params, use_tqdm=False, chat_template=template, tools=TOOLS)
+    want = llm.generate(["[lookup_word]def add(a, b):"], params, use_tqdm=False)
+    assert got[0]["token_ids"] == want[0]["token_ids"]
+    plain = llm.chat(MSGS[:1], params, use_tqdm=False, chat_template=template)
+    assert plain[0]["token_ids"] == llm.generate(["def add(a, b):"], params, use_tqdm=False)[0]["token_ids"]
+    for bad in ("lookup_word", [["x"]], {"name": "x"}):
+        with pytest.raises(ValueError, match="^tools must be a list"):
+            llm.chat(MSGS[:1], params, chat_template=template, tools=bad)
