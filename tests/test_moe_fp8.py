@@ -17,7 +17,7 @@ from minivllm.kernels.moe_fp8_weights import quantize_moe_weights_fp8, quantize_
 from minivllm.kernels.moe_torch import fused_moe
 from minivllm.kernels.torch_backend import dequantize_weight_fp8_ref
 from tests.helpers.fp8_checkpoints import write_fp8_checkpoint
-from tests.helpers.hf_reference import hf_logits
+from tests.helpers.hf_reference import near_tie_gaps
 from tests.helpers.kernel_checks import gpu_rounding_in_interpreter
 from tests.helpers.moe_checkpoints import build_moe_checkpoint
 from tests.helpers.moe_reference import MOE_TOL, fused_moe_fp8_naive, moe_weights, uneven_routing
@@ -35,17 +35,6 @@ def _tokens(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
 
 def _experts(llm: LLM) -> list:
     return [m for m in llm.engine.executor.runner.model.modules() if type(m).__name__ == "FusedMoE"]
-
-
-def _near_tie_gaps(path: str, prompts, outs) -> list[float]:
-    """For each picked token, teacher-forced through transformers in float32: how far below that step's best
-    logit its logit is, in standard deviations of the step's logits."""
-    gaps = []
-    for prompt, out in zip(prompts, outs):
-        logits = hf_logits(path, prompt + out)[len(prompt) - 1:-1]  # [steps, vocab]: the logits of each pick
-        chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]  # [steps]
-        gaps += ((logits.max(1).values - chosen) / logits.std(1)).tolist()
-    return gaps
 
 
 # ------------------------------------------------------------------ the torch path on FP8 experts
@@ -123,7 +112,7 @@ def test_fp8_experts_greedy_tokens_are_near_ties_of_the_exact_model(moe_all_expe
         assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float32
         assert all(m.w13_weight.dtype == m.w2_weight.dtype == FP8 for m in _experts(llm))
         outs = _tokens(llm)
-    gaps = _near_tie_gaps(moe_all_experts, PROMPTS, outs)
+    gaps = near_tie_gaps(moe_all_experts, PROMPTS, outs)
     assert max(gaps) < 0.5, gaps
 
 
@@ -305,7 +294,7 @@ def test_triton_branch_on_fp8_experts(moe_all_experts, monkeypatch):
             rel = (got.double() - want).norm() / want.norm()
             assert rel < 1e-4, (n, rel)
         outs = _tokens(llm, PROMPTS[:3], params)
-    gaps = _near_tie_gaps(moe_all_experts, PROMPTS[:3], outs)
+    gaps = near_tie_gaps(moe_all_experts, PROMPTS[:3], outs)
     assert max(gaps) < 0.5, gaps
 
 

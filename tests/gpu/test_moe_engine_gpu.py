@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from tests.helpers.hf_reference import hf_logits
+from tests.helpers.hf_reference import near_tie_gaps
 from tests.helpers.moe_checkpoints import MOE_SHAPES, build_moe_checkpoint
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -26,17 +26,6 @@ def ids(outs):
 @pytest.fixture(scope="module", params=sorted(MOE_SHAPES))
 def moe_model(request, tmp_path_factory) -> str:
     return str(build_moe_checkpoint(tmp_path_factory.mktemp(f"moe-{request.param}"), request.param, seed=3))
-
-
-def near_tie_gaps(path: str, prompts, outs) -> list[float]:
-    """For each picked token, teacher-forced through transformers in float32 on the CPU: how far below that step's
-    best logit its logit is, in standard deviations of the step's logits (0 for the best token)."""
-    gaps = []
-    for prompt, out in zip(prompts, outs):
-        logits = hf_logits(path, prompt + out)[len(prompt) - 1:-1]  # [steps, vocab]: the logits of each pick
-        chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]  # [steps]
-        gaps += ((logits.max(1).values - chosen) / logits.std(1)).tolist()
-    return gaps
 
 
 def test_moe_graphs_equal_eager_and_near_transformers_float32(moe_model):

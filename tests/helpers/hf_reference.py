@@ -36,3 +36,14 @@ def hf_logits(path: str, token_ids: list[int]) -> torch.Tensor:
     model = _hf_model(path)
     with torch.no_grad():
         return model(torch.tensor([token_ids])).logits[0].float()
+
+
+def near_tie_gaps(path: str, prompts: list[list[int]], outs: list[list[int]]) -> list[float]:
+    """For each token an engine picked after each prompt, teacher-forced through transformers in float32: how far
+    below that step's best logit its logit is, in standard deviations of the step's logits (0: the best token)."""
+    gaps: list[float] = []
+    for prompt, out in zip(prompts, outs):
+        logits = hf_logits(path, list(prompt) + list(out))[len(prompt) - 1:-1]  # [steps, vocab]: each pick's
+        chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]  # [steps]
+        gaps += ((logits.max(1).values - chosen) / logits.std(1)).tolist()
+    return gaps
