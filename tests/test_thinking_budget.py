@@ -5,10 +5,12 @@ engine end to end on the demo model."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minivllm.config.reasoning import ReasoningConfig
 from minivllm.config.sampling import SamplingConfig
-from minivllm.core.thinking_budget import ThinkingBudget
+from minivllm.core.thinking_budget import ThinkingBudget, ThinkingTracker
 from minivllm.sampling_params import SamplingParams
 from tests.helpers.server_utils import ROOT
 
@@ -35,6 +37,21 @@ def test_the_end_is_forced_once_the_budget_is_spent_one_token_at_a_time():
     assert b.forced_token([1, 7, 8, 5, 6, 9, 10, 11]) is None  # closed: free again
     assert b.forced_token([1, 7, 8, 5, 6, 9, 10, 11, 4, 4, 4]) is None
     assert _budget(0).forced_token([7, 8]) == 9
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=st.lists(st.sampled_from([1, 7, 8, 9, 10, 11]), min_size=1, max_size=12),
+       steps=st.lists(st.lists(st.sampled_from([2, 7, 8, 9, 10, 11]), min_size=1, max_size=3), max_size=25),
+       budget=st.integers(0, 4))
+def test_the_tracker_reading_new_tokens_only_answers_as_the_whole_sequence_does(prompt, steps, budget):
+    """``ThinkingTracker`` (what a sequence uses each step) equals ``ThinkingBudget.forced_token`` on the whole
+    token list after every step, markers split across steps, repeated and nested included."""
+    b = _budget(budget)
+    tracker, tokens = ThinkingTracker(b), list(prompt)
+    assert tracker.forced_token(tokens) == b.forced_token(tokens)
+    for new in steps:
+        tokens += new
+        assert tracker.forced_token(tokens) == b.forced_token(tokens), tokens
 
 
 def test_a_closed_block_in_the_prompt_does_not_count_and_a_later_one_does():

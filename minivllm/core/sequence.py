@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum, auto
 
-from minivllm.core.thinking_budget import ThinkingBudget
+from minivllm.core.thinking_budget import ThinkingBudget, ThinkingTracker
 from minivllm.sampling_params import SamplingParams
 
 #: token id of a sampled token whose value is still on the device (asynchronous scheduling)
@@ -68,6 +68,7 @@ class Sequence:
         # the positions it deduplicates against (``watermark_history``: ``WatermarkConfig.history``)
         self.output_context = max(self.bad_word_context, watermark_history)
         self.thinking_budget = thinking_budget  # thinking_token_budget: it reads every token's value
+        self._thinking = ThinkingTracker(thinking_budget) if thinking_budget is not None else None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -126,7 +127,7 @@ class Sequence:
 
     def forced_token(self) -> int | None:
         """The token the next step must sample (``thinking_token_budget`` forcing the reasoning's end), or None."""
-        return self.thinking_budget.forced_token(self.token_ids) if self.thinking_budget is not None else None
+        return self._thinking.forced_token(self.token_ids) if self._thinking is not None else None
 
     def output_tail(self) -> tuple[int, ...]:
         """The newest generated tokens sampling reads (``output_context`` of them; all known: see

@@ -47,3 +47,38 @@ class ThinkingBudget:
         if len(token_ids) - after - done < self.budget:
             return None
         return self.end_ids[done]
+
+
+class ThinkingTracker:
+    """``ThinkingBudget.forced_token`` for one sequence, step by step: each call reads only the tokens appended
+    since the one before (a sequence's tokens only grow, preemption keeps them), so a step costs the new tokens
+    and a marker's length, not the whole sequence."""
+
+    def __init__(self, budget: ThinkingBudget):
+        self.budget = budget
+        self.scanned = 0  # tokens searched for a start marker
+        self.start = -1  # index of the last start marker found (-1: none)
+        self.end_scanned = 0  # tokens searched for an end marker after ``start``
+        self.ended = False  # an end marker follows ``start``
+
+    def forced_token(self, token_ids: Sequence[int]) -> int | None:
+        """The token the next step must sample, or None: free (``ThinkingBudget.forced_token``'s answer)."""
+        b, n = self.budget, len(token_ids)
+        ls, le = len(b.start_ids), len(b.end_ids)
+        found = _last_index(token_ids, b.start_ids, max(0, self.scanned - ls + 1))
+        self.scanned = n
+        if found >= 0:  # a newer start marker: the reasoning it opens is what counts
+            self.start, self.end_scanned, self.ended = found, found + ls, False
+        if self.start < 0:
+            return None
+        after = self.start + ls
+        if not self.ended:
+            self.ended = _last_index(token_ids, b.end_ids, max(after, self.end_scanned - le + 1)) >= 0
+            self.end_scanned = n
+        if self.ended:
+            return None
+        done = next((k for k in range(le - 1, 0, -1)
+                     if n - after >= k and tuple(token_ids[n - k:]) == b.end_ids[:k]), 0)
+        if n - after - done < b.budget:
+            return None
+        return b.end_ids[done]
