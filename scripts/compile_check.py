@@ -21,6 +21,7 @@ from minivllm.kernels import (
     fp8_quant,
     fused_act,
     fused_moe,
+    fused_moe_decode,
     fused_norm,
     fused_rope,
     gemv,
@@ -51,8 +52,8 @@ def _moe_gemm(fp8: bool, gated: bool, bm: int, bn: int) -> dict:
             "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_STAGES": 3, "USE_PDL": True}
 
 
-def _moe_gemv(fp8: bool) -> dict:
-    return {"TOP_K": 8, "HAS_SCALE": fp8, "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 1 << 30,
+def _moe_gemv(fp8: bool, picks: int | None = None) -> dict:
+    return {"TOP_K": 8, **({} if picks is None else {"PICKS": picks}), "HAS_SCALE": fp8, "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 1 << 30,
             "BLOCK_N": 4, "BLOCK_K": 128 if fp8 else 256, "NUM_STAGES": 4, "USE_PDL": True}
 
 
@@ -80,16 +81,18 @@ MOE_KERNELS = [
                                           "b_ptr": "*fp8e4nv" if fp8 else "*bf16"}, _moe_gemm(fp8, gated, bm, bn)),
        _moe_gemm(fp8, gated, bm, bn))
       for fp8 in (False, True) for gated in (True, False) for bm, bn in ((16, 64), (64, 128))],
-    *[(f"MoE decode GEMV gate/up{', FP8 block' if fp8 else ''} (PDL)", fused_moe._moe_gemv_gate_up_kernel,
-       _ints(fused_moe._moe_gemv_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16",
+    *[(f"MoE decode GEMV gate/up{', FP8 block' if fp8 else ''} (PDL)", fused_moe_decode._moe_gemv_gate_up_kernel,
+       _ints(fused_moe_decode._moe_gemv_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16",
                                                   "scale_ptr": "*fp32", "ids_ptr": "*i32", "out_ptr": "*bf16"},
              _moe_gemv(fp8)), _moe_gemv(fp8))
       for fp8 in (False, True)],
-    *[(f"MoE decode GEMV down{', FP8 block' if fp8 else ''} (PDL)", fused_moe._moe_gemv_down_kernel,
-       _ints(fused_moe._moe_gemv_down_kernel, {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16",
-                                               "scale_ptr": "*fp32", "ids_ptr": "*i32", "topk_w_ptr": "*fp32",
-                                               "out_ptr": "*bf16"}, _moe_gemv(fp8)), _moe_gemv(fp8))
-      for fp8 in (False, True)],
+    *[(f"MoE decode GEMV down, {picks} picks a program{', FP8 block' if fp8 else ''} (PDL)",
+       fused_moe_decode._moe_gemv_down_kernel,
+       _ints(fused_moe_decode._moe_gemv_down_kernel, {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16",
+                                                      "scale_ptr": "*fp32", "ids_ptr": "*i32", "topk_w_ptr": "*fp32",
+                                                      "out_ptr": "*bf16"}, _moe_gemv(fp8, picks)),
+       _moe_gemv(fp8, picks))
+      for fp8 in (False, True) for picks in (8, 1)],
 ]
 AR_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "cap": "i32", "ptrs": "*i64", "counters": "*i32"}
 NORM_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32", "D": "i32", "eps": "fp32",

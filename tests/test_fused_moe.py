@@ -241,10 +241,60 @@ def test_config_files_nearest_batch_size_and_default(tmp_path):
 
 
 
+def test_decode_files_tiles_and_path_bound(tmp_path):
+    """The tuned decode file gives the nearest batch size's tiles and moves the decode/grouped bound to its
+    largest batch size; with no file, the default tiles and ``DECODE_MAX_PAIRS``."""
+    name = fused_moe_config.decode_file_name(128, 768, 2048, 8, "NVIDIA_H200")
+    assert name == "E=128,N=768,H=2048,top_k=8,device_name=NVIDIA_H200,decode.json"
+    (tmp_path / name).write_text(json.dumps({"1": [[2, 512, 3, 4], [4, 256, 4, 2, 2]],
+                                             "4": [[8, 256, 4, 4], [8, 128, 2, 4]]}))
+    args = (128, 768, 2048, 8, "NVIDIA_H200")
+    assert fused_moe_config.decode_config(1, *args, directory=tmp_path) == ((2, 512, 3, 4), (4, 256, 4, 2, 2))
+    assert fused_moe_config.decode_config(3, *args, directory=tmp_path) == ((8, 256, 4, 4), (8, 128, 2, 4))
+    assert [fused_moe_config.use_decode(m, *args, directory=tmp_path) for m in (0, 1, 4, 5)] == [False, True,
+                                                                                               True, False]
+    # no file (another device, FP8, no CUDA): pairs up to DECODE_MAX_PAIRS, the default tiles, all picks summed
+    assert [fused_moe_config.use_decode(m, 128, 768, 2048, 8, None) for m in (1, 2, 3)] == [True, True, False]
+    gate_up, down = fused_moe_config.decode_config(1, *args, fp8=True, directory=tmp_path)
+    assert len(gate_up) == 4 and down[4] == 8
+    (tmp_path / fused_moe_config.decode_file_name(8, 64, 64, 2, "X")).write_text(json.dumps({"1": [[4, 64, 2, 2],
+                                                                                               [4, 64, 2, 2, 3]]}))
+    with pytest.raises(ValueError, match="picks must divide top_k=2"):
+        fused_moe_config.decode_config(1, 8, 64, 64, 2, "X", directory=tmp_path)
+
+
+@pytest.mark.parametrize("tiles, match", [
+    (((4, 64, 2, 2), (4, 64, 2)), "optional picks"),
+    (((3, 64, 2, 2), (4, 64, 2, 2)), "powers of two"),
+    (((4, 8, 2, 2), (4, 64, 2, 2)), "at least 16"),
+    (((4, 64, 2, 2), (4, 64, 2, 2, 3)), "picks must divide"),
+    ("4x64", "two tuples"),
+])
+def test_bad_decode_tiles_are_named(tiles, match):
+    w13, w2 = moe_weights(8, HIDDEN, INTER, torch.float32, device=DEV)
+    weights, ids = uneven_routing(1, 8, 2, device=DEV)
+    with pytest.raises(ValueError, match=match):
+        fused_moe_triton(torch.randn(1, HIDDEN).to(DEV), w13, w2, weights, ids, decode=True, decode_tiles=tiles)
+
+
+@pytest.mark.parametrize("m, top_k, picks", [(1, 8, 1), (2, 8, 2), (1, 8, 4), (3, 2, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_down_split_over_picks(m, top_k, picks, dtype, gpu_rounding):
+    """The down kernel with a token's picks split over program groups, their partial rows summed after."""
+    w13, w2 = moe_weights(16, HIDDEN, INTER, dtype, device=DEV)
+    x = torch.randn(m, HIDDEN, generator=torch.Generator().manual_seed(m)).to(DEV, dtype)
+    weights, ids = uneven_routing(m, 16, top_k, seed=m, device=DEV)
+    out = fused_moe_triton(x, w13, w2, weights, ids, decode=True,
+                           decode_tiles=((8, 32, 2, 2), (16, 32, 2, 2, picks)))
+    assert_close_to(out, fused_moe_naive(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu()), dtype)
+
+
+
 # ------------------------------------------------------------------ FP8 experts
 
 
-def check_fp8(m, num_experts, top_k, dtype, decode, block, hidden=HIDDEN, inter=INTER, config=None, seed=0):
+def check_fp8(m, num_experts, top_k, dtype, decode, block, hidden=HIDDEN, inter=INTER, config=None, seed=0,
+              decode_tiles=None):
     """FP8 experts against the dequantized weights in float64 (with the activations through the same e4m3
     quantizer on the grouped W8A8 path, the interpreter's casts rounding as the GPU's), to the tolerances above."""
     w13, w2 = moe_weights(num_experts, hidden, inter, torch.float32, seed=seed)
@@ -252,7 +302,7 @@ def check_fp8(m, num_experts, top_k, dtype, decode, block, hidden=HIDDEN, inter=
     x = torch.randn(m, hidden, generator=torch.Generator().manual_seed(seed + m)).to(DEV, dtype)
     weights, ids = uneven_routing(m, num_experts, top_k, seed=seed + m, device=DEV)
     out = fused_moe_triton(x, q13, q2, weights, ids, config=config, w13_scale=s13, w2_scale=s2, block_shape=block,
-                           decode=decode)
+                           decode=decode, decode_tiles=decode_tiles)
     ref = fused_moe_fp8_naive(x.cpu(), q13.cpu(), s13.cpu(), q2.cpu(), s2.cpu(), block, weights.cpu(), ids.cpu(),
                               quantize_acts=not decode)
     assert out.shape == (m, hidden) and out.dtype == dtype
@@ -286,6 +336,13 @@ def test_fp8_experts_equal_the_reference(m, num_experts, top_k, dtype, decode, k
 def test_fp8_ragged_blocks_and_small_tiles(decode, gpu_rounding):
     """I and H not multiples of the scale block (the gate's last block partial), K tiles smaller than a block."""
     check_fp8(3 if decode else 21, 8, 2, torch.float32, decode, (32, 32), hidden=72, inter=40, config=SMALL_TILES)
+
+
+@pytest.mark.parametrize("kind", ["block", "channel"])
+def test_fp8_decode_down_split_over_picks(kind, gpu_rounding):
+    """FP8 experts on the decode path with the down kernel's picks split in groups of two."""
+    check_fp8(2, 16, 8, torch.bfloat16, True, (32, 32) if kind == "block" else None,
+              decode_tiles=((8, 32, 2, 2), (16, 32, 2, 2, 2)))
 
 
 def test_fp8_bad_scales():

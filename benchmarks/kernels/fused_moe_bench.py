@@ -29,10 +29,10 @@ MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 
 
 def parse_decode_tiles(text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``"4x256x4x2,8x128x4x2"`` -> the ``decode_tiles`` argument of ``fused_moe_triton``."""
+    """``"4x256x4x2,8x128x4x2x4"`` -> the ``decode_tiles`` argument of ``fused_moe_triton``."""
     parts = [tuple(int(v) for v in part.split("x")) for part in text.split(",")]
-    if len(parts) != 2 or any(len(p) != 4 for p in parts):
-        raise argparse.ArgumentTypeError(f"want BNxBKxSTAGESxWARPS,BNxBKxSTAGESxWARPS, got {text!r}")
+    if len(parts) != 2 or len(parts[0]) != 4 or len(parts[1]) not in (4, 5):
+        raise argparse.ArgumentTypeError(f"want BNxBKxSTAGESxWARPS,BNxBKxSTAGESxWARPS[xPICKS], got {text!r}")
     return parts[0], parts[1]
 
 
@@ -47,8 +47,8 @@ def main() -> int:
     ap.add_argument("--decode-up-to", type=int, default=64, help="time the decode path up to this many pairs")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch column")
     ap.add_argument("--decode-tiles", type=parse_decode_tiles, default=None,
-                    help="the decode kernels' tiles, gate/up then down: BNxBKxSTAGESxWARPS,BNxBKxSTAGESxWARPS "
-                         "(default: fused_moe_config.decode_config)")
+                    help="the decode kernels' tiles, gate/up then down: BNxBKxSTAGESxWARPS,BNxBKxSTAGESxWARPS[xPICKS] "
+                         "(default: the tuned decode file, else fused_moe_config.decode_config's default)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("fused_moe_bench.py needs a CUDA GPU; nothing to do on this machine.")
@@ -64,7 +64,7 @@ def bench_model(model: str, args) -> None:
     from timing import event_median_us, time_in_graph
 
     from minivllm.kernels.fused_moe import fused_moe_triton
-    from minivllm.kernels.fused_moe_config import use_decode
+    from minivllm.kernels.fused_moe_config import device_name, use_decode
 
     shape = MoeShape.of(model, args.tp)
     w13, w2, kw = make_weights(shape, args.fp8)
@@ -78,6 +78,10 @@ def bench_model(model: str, args) -> None:
           f"I={shape.inter} (TP={args.tp}) {'fp8 ' + args.fp8 if args.fp8 else 'bf16'}; us per layer")
     print(f"{'M':>6}{'torch':>10}{'auto':>10}{'path':>9}{'grouped':>10}{'decode':>10}{'GB/s':>8}{'TFLOP/s':>9}"
           f"{'x torch':>9}")
+    def path_decode(m: int) -> bool:
+        return use_decode(m, shape.num_experts, shape.inter, shape.hidden, shape.top_k, device_name(),
+                          args.fp8 is not None)
+
     for m in args.ms:
         x, weights, ids = make_tokens(shape, m)
 
@@ -95,7 +99,7 @@ def bench_model(model: str, args) -> None:
             t_torch = event_median_us(lambda x=x, weights=weights, ids=ids: torch_moe(x, w13, w2, weights, ids),
                                       iters=10)
         gb = weight_bytes_read(shape, ids, args.fp8 is not None) / 1e9
-        print(f"{m:>6}{_cell(t_torch)}{_cell(auto)}{'decode' if use_decode(pairs) else 'grouped':>9}"
+        print(f"{m:>6}{_cell(t_torch)}{_cell(auto)}{'decode' if path_decode(m) else 'grouped':>9}"
               f"{_cell(grouped)}{_cell(decode)}{gb / auto * 1e6:>8.0f}{shape.flops(m) / auto / 1e6:>9.1f}"
               f"{t_torch / auto if t_torch else float('nan'):>8.2f}x", flush=True)
 

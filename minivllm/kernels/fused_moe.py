@@ -5,18 +5,16 @@ its ``top_k`` experts ``e_j = topk_ids[t, j]``, accumulated in float32, in ``x``
 ``fused_moe`` in ``minivllm.kernels.moe_torch``). Two paths, neither reads a value back to the host, so both
 run under CUDA-graph capture:
 
-- **grouped** (more than ``DECODE_MAX_PAIRS`` pairs): ``moe_align_block_size`` sorts the (token, pick) pairs
+- **grouped** (larger batches): ``moe_align_block_size`` sorts the (token, pick) pairs
   by expert into row tiles of one expert each; GEMM 1 gathers the tile's rows of ``x`` and multiplies them by
   the expert's gate and up rows at once (two accumulators), and applies SiLU-and-mul in its epilogue, so the
   ``[n * top_k, 2I]`` gate/up activations never reach memory (half the intermediate bytes, one launch fewer
   than a separate activation kernel); GEMM 2 (down) multiplies in the router weight and writes each pair's
   row to ``[n, top_k, H]``, and a sum over the picks (float32 inside ``torch.sum``) gives ``[n, H]``:
   deterministic, no atomics. Tiles follow ``fused_moe_config.get_config`` (per E, N, device and batch size).
-- **decode** (a few pairs): the GEMV-shaped kernels of ``minivllm.kernels.gemv``, applied to the picked
-  experts only: each program streams ``BLOCK_N`` rows of one picked expert's weight through float32 FMAs (no
-  MMA, no padding to a tile, no alignment step); the down kernel loops over the token's picks in order,
-  so the sum over them happens in its registers: two launches in all. The pairs are the fastest grid axis,
-  so two tokens that picked one expert read its rows at about the same time (the second from L2).
+- **decode** (a few tokens): ``minivllm.kernels.fused_moe_decode``, GEMVs over the picked experts only (no
+  alignment, no padding to a tile), two or three launches. Its tiles and the batch size up to which it runs come
+  from the device's tuned decode file (``fused_moe_config.decode_config``), else defaults.
 """
 
 from __future__ import annotations
@@ -27,18 +25,20 @@ import triton.language as tl
 
 from minivllm.kernels.fp8_block_gemm import quantize_fp8_per_group
 from minivllm.kernels.fp8_quant import quantize_fp8_per_token
-from minivllm.kernels.fused_moe_config import check_config, decode_config, device_name, get_config, use_decode
+from minivllm.kernels.fused_moe_config import (
+    check_config,
+    check_decode_tiles,
+    decode_config,
+    device_name,
+    get_config,
+    use_decode,
+)
+from minivllm.kernels.fused_moe_decode import fused_moe_decode, silu_mul
 from minivllm.kernels.moe_align import moe_align_block_size
 from minivllm.kernels.moe_topk import select_experts_triton
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 __all__ = ["fused_moe_triton", "select_experts_triton"]
-
-
-@triton.jit
-def _silu_mul(gate, up):
-    """``silu(gate) * up`` in float32."""
-    return gate / (1.0 + tl.exp(-gate)) * up
 
 
 @triton.jit
@@ -131,119 +131,11 @@ def _moe_gemm_kernel(
             else:
                 acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
     if GATED:
-        acc = _silu_mul(acc, acc_up)
+        acc = silu_mul(acc, acc_up)
     if MUL_WEIGHT:
         acc *= tl.load(topk_w_ptr + pair, mask=valid, other=0.0)[:, None]
     out = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + rn[None, :]
     tl.store(out, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (rn[None, :] < N))
-
-
-@triton.jit
-def _moe_gemv_gate_up_kernel(
-    x_ptr,  # [n, K]
-    w_ptr,  # [E, 2N, K] w13: gate rows, then up rows (bf16/fp16/fp32, or FP8 with HAS_SCALE)
-    scale_ptr,  # HAS_SCALE: [E, 2N blocks, K blocks] or [E, 2N] float32; else a dummy
-    ids_ptr,  # [n * TOP_K] int32
-    out_ptr,  # [n * TOP_K, N]: silu(gate) * up
-    N,
-    K,
-    stride_xm,
-    stride_we,
-    stride_wn,
-    stride_om,
-    stride_se,
-    stride_sn,
-    stride_sk,  # 0 with one scale a row
-    up_scale_row,
-    TOP_K: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    GROUP_N: tl.constexpr,
-    GROUP_K: tl.constexpr,  # a multiple of BLOCK_K
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """One (token, pick) pair a program row (axis 0), ``BLOCK_N`` gate and up rows of its expert a program.
-    FP8 weights are widened and scaled in registers; the activations stay unquantized."""
-    pdl_wait(USE_PDL)
-    pair = tl.program_id(0).to(tl.int64)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
-    x_row = x_ptr + (pair // TOP_K) * stride_xm
-    gate_rows = w_ptr + expert * stride_we + rn[:, None].to(tl.int64) * stride_wn  # [BN, 1]
-    up_rows = gate_rows + N * stride_wn
-    gate_s = scale_ptr + expert * stride_se + (rn // GROUP_N) * stride_sn  # [BN] (HAS_SCALE)
-    up_s = gate_s + up_scale_row * stride_sn
-    acc_gate = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        kk = k + rk
-        x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]  # [1, BK]
-        mask = (rn[:, None] < N) & (kk[None, :] < K)
-        gate = tl.load(gate_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)  # [BN, BK]
-        up = tl.load(up_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)  # [BN, BK]
-        if HAS_SCALE:
-            gate *= tl.load(gate_s + (k // GROUP_K) * stride_sk, mask=rn < N, other=0.0)[:, None]
-            up *= tl.load(up_s + (k // GROUP_K) * stride_sk, mask=rn < N, other=0.0)[:, None]
-        acc_gate += gate * x
-        acc_up += up * x
-    out = _silu_mul(tl.sum(acc_gate, 1), tl.sum(acc_up, 1))  # [BLOCK_N]
-    tl.store(out_ptr + pair * stride_om + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
-
-
-@triton.jit
-def _moe_gemv_down_kernel(
-    a_ptr,  # [n * TOP_K, K] the activations
-    w_ptr,  # [E, N, K] w2 (bf16/fp16/fp32, or FP8 with HAS_SCALE)
-    scale_ptr,  # HAS_SCALE: [E, N blocks, K blocks] or [E, N] float32; else a dummy
-    ids_ptr,  # [n * TOP_K] int32
-    topk_w_ptr,  # [n * TOP_K] float32
-    out_ptr,  # [n, N]
-    N,
-    K,
-    stride_am,
-    stride_we,
-    stride_wn,
-    stride_om,
-    stride_se,
-    stride_sn,
-    stride_sk,
-    TOP_K: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    GROUP_N: tl.constexpr,
-    GROUP_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """One token a program row (axis 0), ``BLOCK_N`` output columns a program, its picks summed in order. The
-    picks' K loops run as one loop, so that the load pipeline does not drain and refill at each pick."""
-    pdl_wait(USE_PDL)
-    token = tl.program_id(0).to(tl.int64)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    w_cols = rn[:, None].to(tl.int64) * stride_wn  # [BN, 1]
-    s_cols = (rn // GROUP_N) * stride_sn  # [BN] (HAS_SCALE)
-    num_k = tl.cdiv(K, BLOCK_K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for step in tl.range(0, TOP_K * num_k, num_stages=NUM_STAGES):
-        pair = token * TOP_K + step // num_k
-        k = (step % num_k) * BLOCK_K
-        kk = k + rk
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        a = tl.load(a_ptr + pair * stride_am + kk, mask=kk < K, other=0.0).to(tl.float32)  # [BK]
-        a *= tl.load(topk_w_ptr + pair)
-        w = tl.load(w_ptr + expert * stride_we + w_cols + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K),
-                    other=0.0).to(tl.float32)  # [BN, BK]
-        if HAS_SCALE:
-            w *= tl.load(scale_ptr + expert * stride_se + s_cols + (k // GROUP_K) * stride_sk, mask=rn < N,
-                         other=0.0)[:, None]
-        acc += w * a[None, :]
-    out = tl.sum(acc, 1)  # [BLOCK_N]
-    tl.store(out_ptr + token * stride_om + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
 class _Scales:
@@ -304,15 +196,16 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
                      topk_ids: torch.Tensor, config: dict | None = None, *, w13_scale: torch.Tensor | None = None,
                      w2_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
                      decode: bool | None = None,
-                     decode_tiles: tuple[tuple[int, int, int, int], tuple[int, int, int, int]] | None = None,
+                     decode_tiles: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
                      ) -> torch.Tensor:
     """The MoE layer's output ``[n, H]`` in ``x``'s dtype for ``x`` [n, H], ``w13`` [E, 2I, H] (gate rows, then
     up rows), ``w2`` [E, H, I], ``topk_weights`` [n, top_k] and ``topk_ids`` [n, top_k] (``select_experts``).
 
     ``config``: the grouped GEMMs' tiles (``fused_moe_config.KEYS``), else the tuned file's or the default.
-    ``decode``: force the decode kernels (True) or the grouped GEMMs (False); None picks by the number of pairs
-    (``fused_moe_config.use_decode``). ``decode_tiles``: the decode kernels' ``(gate/up, down)`` tiles
-    ``(BLOCK_N, BLOCK_K, NUM_STAGES, num_warps)``, else ``decode_config``'s.
+    ``decode``: force the decode kernels (True) or the grouped GEMMs (False); None picks by the batch size
+    (``fused_moe_config.use_decode``). ``decode_tiles``: the decode kernels' tiles, gate/up
+    ``(BLOCK_N, BLOCK_K, NUM_STAGES, num_warps)`` and down ``(..., picks)`` (picks a program sums, a divisor of
+    top_k; omitted: all), else ``decode_config``'s.
 
     FP8 experts: ``w13``/``w2`` float8_e4m3fn with float32 scales, per output channel (``block_shape`` None:
     ``w13_scale`` [E, 2I], ``w2_scale`` [E, H]) or per ``block_shape = (bn, bk)`` block (``w13_scale``
@@ -337,22 +230,12 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     s2 = _Scales(w2_scale, block_shape, hidden, gated=False)
     pdl = pdl_options(x)
     if decode is None:
-        decode = use_decode(n * top_k)
+        decode = use_decode(n, num_experts, inter, hidden, top_k, device_name(x.device) if x.is_cuda else None, fp8)
     act = torch.empty(n * top_k, inter, dtype=x.dtype, device=x.device)  # [n * top_k, I]
     if decode:
-        (bn1, bk1, st1, wp1), (bn2, bk2, st2, wp2) = decode_tiles or (decode_config(inter, hidden),
-                                                                      decode_config(hidden, inter))
-        # NOTE: a K tile must lie in one scale block
-        bk1, bk2 = min(bk1, s13.group_k), min(bk2, s2.group_k)
-        _moe_gemv_gate_up_kernel[(n * top_k, triton.cdiv(inter, bn1))](
-            x, w13, s13.tensor if fp8 else act, ids, act, inter, hidden, x.stride(0), w13.stride(0), w13.stride(1),
-            act.stride(0), *s13.strides, s13.up_row, TOP_K=top_k, HAS_SCALE=fp8, GROUP_N=s13.group_n,
-            GROUP_K=s13.group_k, BLOCK_N=bn1, BLOCK_K=bk1, NUM_STAGES=st1, num_warps=wp1, **pdl)
-        _moe_gemv_down_kernel[(n, triton.cdiv(hidden, bn2))](
-            act, w2, s2.tensor if fp8 else act, ids, weights, out, hidden, inter, act.stride(0), w2.stride(0),
-            w2.stride(1), out.stride(0), *s2.strides, TOP_K=top_k, HAS_SCALE=fp8, GROUP_N=s2.group_n,
-            GROUP_K=s2.group_k, BLOCK_N=bn2, BLOCK_K=bk2, NUM_STAGES=st2, num_warps=wp2, **pdl)
-        return out
+        tiles = decode_tiles or decode_config(n, num_experts, inter, hidden, top_k,
+                                              device_name(x.device) if x.is_cuda else None, fp8=fp8)
+        return fused_moe_decode(x, w13, w2, ids, weights, act, out, s13, s2, check_decode_tiles(tiles, top_k), pdl)
     if config is None:
         config = get_config(n, num_experts, inter, top_k, device_name(x.device) if x.is_cuda else None, fp8=fp8)
     cfg = check_config(config)
