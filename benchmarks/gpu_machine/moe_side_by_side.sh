@@ -85,7 +85,7 @@ for part in "$@"; do
     ;;
   vllm)
     export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
-    C=benchmarks/configs/$M
+    C=$(python3 -c "from minivllm.entrypoints.bench.models import resolve_model; print(resolve_model('$M')[0])")
     (PYTHONPATH=/tmp/site REPEAT=2 on 0 timeout 330 python3 "$VLLM_BENCH" $C nano bs1 > "$R/vllm_bf16.log" 2>&1) &
     (PYTHONPATH=/tmp/site REPEAT=2 QUANT=fp8 on 1 timeout 330 python3 "$VLLM_BENCH" $C nano bs1 \
       > "$R/vllm_fp8.log" 2>&1) &
