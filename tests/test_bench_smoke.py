@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import minivllm
+from minivllm.engine import progress
 from minivllm.entrypoints.bench import latency, throughput
 from minivllm.entrypoints.bench.commands import add_bench_parser
 from minivllm.entrypoints.bench.models import CONFIGS_DIR, resolve_model, shipped_models
@@ -124,3 +125,16 @@ def test_progress_bars_on_a_terminal_unless_disabled(command, bar, dummy_dir, mo
         if command is latency and not flags:
             assert "Warm-up iterations" in terminal.getvalue() and "2/2" in terminal.getvalue()
     assert "==" in capsys.readouterr().out  # the tables, on stdout
+
+
+def test_progress_bar_redrawn_while_no_prompt_finishes(dummy_dir, monkeypatch):
+    """One request of 24 tokens stays at 0/1 until its last step; the bar is still redrawn with its rates (every
+    step here, REDRAW_S being 0), so a long fixed-size run does not look frozen."""
+    monkeypatch.setattr(progress, "REDRAW_S", 0.0)
+    terminal = FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    throughput.main(["--workload", "one-request", "--model", dummy_dir, "--input-len", "8", "--output-len", "24",
+                     *TINY])
+    frames = [f for f in terminal.getvalue().split("\r") if "Processed prompts" in f and "0/1" in f]
+    assert sum("decode=" in f for f in frames) >= 12, terminal.getvalue()
+    assert "1/1" in terminal.getvalue()
