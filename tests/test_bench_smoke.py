@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -16,10 +18,12 @@ import pytest
 
 import minivllm
 from minivllm.engine import progress
+from minivllm.entrypoints import cli
 from minivllm.entrypoints.bench import latency, throughput
 from minivllm.entrypoints.bench.commands import add_bench_parser
 from minivllm.entrypoints.bench.models import CONFIGS_DIR, resolve_model, shipped_models
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--device", "cpu", "--max-model-len", "256", "--num-kvcache-blocks", "64"]
 
 
@@ -138,3 +142,13 @@ def test_progress_bar_redrawn_while_no_prompt_finishes(dummy_dir, monkeypatch):
     frames = [f for f in terminal.getvalue().split("\r") if "Processed prompts" in f and "0/1" in f]
     assert sum("decode=" in f for f in frames) >= 12, terminal.getvalue()
     assert "1/1" in terminal.getvalue()
+
+
+def test_the_readme_cpu_bench_command_runs(monkeypatch, capsys):
+    """The README's benchmark command for the CPU, as written (cut to one short iteration), prints its table."""
+    command = re.search(r"`minivllm (bench latency [^`]*)`", (ROOT / "README.md").read_text())
+    assert command, "the README shows no CPU benchmark command"
+    monkeypatch.chdir(ROOT)  # the README's model path is relative to the checkout
+    argv = [*shlex.split(command[1]), "--output-len", "4", "--num-iters", "1", "--num-iters-warmup", "0"]
+    assert cli.main(argv) == 0
+    assert "== latency results ==" in capsys.readouterr().out
