@@ -152,3 +152,28 @@ def test_the_readme_cpu_bench_command_runs(monkeypatch, capsys):
     argv = [*shlex.split(command[1]), "--output-len", "4", "--num-iters", "1", "--num-iters-warmup", "0"]
     assert cli.main(argv) == 0
     assert "== latency results ==" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["latency", "--model", "no-such-model"], "model 'no-such-model'"),
+    (["latency", "--batch-size", "0"], "--batch-size: must be an integer >= 1"),
+    (["latency", "--num-iters-warmup", "-1"], "--num-iters-warmup: must be an integer >= 0"),
+    (["throughput", "--num-requests", "0"], "--num-requests"),
+    (["throughput", "--min-input-len", "100", "--max-input-len", "10"], "min_input_len (100) must be <="),
+    (["throughput", "--dataset", "no-such-file.jsonl"], "no-such-file.jsonl"),
+    (["throughput", "--engine-arg", "no_such_arg=1"], "engine_arg: 'no_such_arg=1'"),
+    (["throughput", "--max-num-seqs", "0"], "max_num_seqs"),
+    (["serve", "--max-concurrency", "0"], "--max-concurrency"),
+    (["serve", "--request-rate", "0"], "request_rate must be > 0"),
+    (["serve", "--base-url", "http://127.0.0.1:1", "--ready-timeout", "0"], "did not answer 200"),
+])
+def test_bad_bench_input_is_one_line_naming_it(argv, named, dummy_dir, tmp_path, monkeypatch, capsys):
+    """A bad flag, model, file or server address ends the command with one line that names it, never a
+    traceback."""
+    monkeypatch.chdir(tmp_path)
+    model = [] if argv[0] == "serve" or "--model" in argv else ["--model", dummy_dir, *TINY]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", *argv, *model])
+    err = capsys.readouterr().err
+    message = exit_.value.code if isinstance(exit_.value.code, str) else err.strip().splitlines()[-1]
+    assert named in message and "Traceback" not in err, (message, err)
