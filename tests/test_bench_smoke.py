@@ -9,16 +9,21 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
+import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
 import minivllm
+from minivllm.engine import progress
+from minivllm.entrypoints import cli
 from minivllm.entrypoints.bench import latency, throughput
 from minivllm.entrypoints.bench.commands import add_bench_parser
 from minivllm.entrypoints.bench.models import CONFIGS_DIR, resolve_model, shipped_models
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--device", "cpu", "--max-model-len", "256", "--num-kvcache-blocks", "64"]
 
 
@@ -124,3 +129,51 @@ def test_progress_bars_on_a_terminal_unless_disabled(command, bar, dummy_dir, mo
         if command is latency and not flags:
             assert "Warm-up iterations" in terminal.getvalue() and "2/2" in terminal.getvalue()
     assert "==" in capsys.readouterr().out  # the tables, on stdout
+
+
+def test_progress_bar_redrawn_while_no_prompt_finishes(dummy_dir, monkeypatch):
+    """One request of 24 tokens stays at 0/1 until its last step; the bar is still redrawn with its rates (every
+    step here, REDRAW_S being 0), so a long fixed-size run does not look frozen."""
+    monkeypatch.setattr(progress, "REDRAW_S", 0.0)
+    terminal = FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    throughput.main(["--workload", "one-request", "--model", dummy_dir, "--input-len", "8", "--output-len", "24",
+                     *TINY])
+    frames = [f for f in terminal.getvalue().split("\r") if "Processed prompts" in f and "0/1" in f]
+    assert sum("decode=" in f for f in frames) >= 12, terminal.getvalue()
+    assert "1/1" in terminal.getvalue()
+
+
+def test_the_readme_cpu_bench_command_runs(monkeypatch, capsys):
+    """The README's benchmark command for the CPU, as written (cut to one short iteration), prints its table."""
+    command = re.search(r"`minivllm (bench latency [^`]*)`", (ROOT / "README.md").read_text())
+    assert command, "the README shows no CPU benchmark command"
+    monkeypatch.chdir(ROOT)  # the README's model path is relative to the checkout
+    argv = [*shlex.split(command[1]), "--output-len", "4", "--num-iters", "1", "--num-iters-warmup", "0"]
+    assert cli.main(argv) == 0
+    assert "== latency results ==" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["latency", "--model", "no-such-model"], "model 'no-such-model'"),
+    (["latency", "--batch-size", "0"], "--batch-size: must be an integer >= 1"),
+    (["latency", "--num-iters-warmup", "-1"], "--num-iters-warmup: must be an integer >= 0"),
+    (["throughput", "--num-requests", "0"], "--num-requests"),
+    (["throughput", "--min-input-len", "100", "--max-input-len", "10"], "min_input_len (100) must be <="),
+    (["throughput", "--dataset", "no-such-file.jsonl"], "no-such-file.jsonl"),
+    (["throughput", "--engine-arg", "no_such_arg=1"], "engine_arg: 'no_such_arg=1'"),
+    (["throughput", "--max-num-seqs", "0"], "max_num_seqs"),
+    (["serve", "--max-concurrency", "0"], "--max-concurrency"),
+    (["serve", "--request-rate", "0"], "request_rate must be > 0"),
+    (["serve", "--base-url", "http://127.0.0.1:1", "--ready-timeout", "0"], "did not answer 200"),
+])
+def test_bad_bench_input_is_one_line_naming_it(argv, named, dummy_dir, tmp_path, monkeypatch, capsys):
+    """A bad flag, model, file or server address ends the command with one line that names it, never a
+    traceback."""
+    monkeypatch.chdir(tmp_path)
+    model = [] if argv[0] == "serve" or "--model" in argv else ["--model", dummy_dir, *TINY]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", *argv, *model])
+    err = capsys.readouterr().err
+    message = exit_.value.code if isinstance(exit_.value.code, str) else err.strip().splitlines()[-1]
+    assert named in message and "Traceback" not in err, (message, err)

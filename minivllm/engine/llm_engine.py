@@ -17,7 +17,7 @@ from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.sequence import Sequence
 from minivllm.engine.detokenizer import IncrementalDetokenizer, special_token_ids
 from minivllm.engine.input_processor import EngineRequest, InputProcessor
-from minivllm.engine.progress import ThroughputMeter
+from minivllm.engine.progress import BatchProgress
 from minivllm.engine.request_state import RequestState
 from minivllm.engine.structured_output import GrammarBitmask, StructuredOutputManager
 from minivllm.engine.tokenizer import load_tokenizer
@@ -302,24 +302,19 @@ class LLMEngine:
         requests = [self.processor.process(p, sp) for p, sp in zip(prompts, params, strict=True)]
         ids = [self._add(r) for r in requests]
         results: dict[str, RequestOutput] = {}
-        pbar = None
-        if use_tqdm:
-            from tqdm.auto import tqdm
-
-            pbar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
-        rates = ThroughputMeter()
+        pbar = BatchProgress(len(ids)) if use_tqdm else None
         try:
             pending = set(ids)
             while pending:
                 outputs, stats = self.step()
-                if pbar is not None:
-                    pbar.set_postfix_str(rates.update(stats), refresh=False)
+                finished = 0
                 for o in outputs:
                     if o.finished and o.request_id in pending:
                         results[o.request_id] = o
                         pending.discard(o.request_id)
-                        if pbar is not None:
-                            pbar.update(1)
+                        finished += 1
+                if pbar is not None:
+                    pbar.step(stats, finished)
         except BaseException:
             for rid in ids:
                 self.abort_request(rid)

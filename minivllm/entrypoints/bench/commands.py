@@ -49,6 +49,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     try:
         fn(args)
+    except (ValueError, OSError) as exc:  # a bad flag, model or file, a server that never answered: one line
+        sys.exit(f"minivllm bench {args.bench_command}: {exc}")
     except ModuleNotFoundError as exc:  # bench serve's HTTP client comes with the server extra
         message = missing_extra(exc, f"bench {args.bench_command}", ("server",))
         if message is None:

@@ -18,6 +18,21 @@ from minivllm.entrypoints.args import engine_kwargs as flag_kwargs
 from minivllm.entrypoints.bench.models import canonical_name, resolve_model
 
 
+def int_at_least(minimum: int):
+    """An argparse ``type``: an integer no less than ``minimum`` (else argparse's one-line error naming the flag)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """``--model`` plus the engine's flags (the engine's ``--seed`` excepted: here it seeds the workload)."""
     p.add_argument("--model", default="qwen3-0.6b",
@@ -49,12 +64,19 @@ def engine_kwargs(args: argparse.Namespace, **defaults) -> tuple[str, dict]:
     if hint:
         kw["load_format"] = hint
     kw.update({k: v for k, v in flag_kwargs(args).items() if k != "seed"})
+    from minivllm.config import Config
+
+    names = Config.engine_arg_names()
     for item in getattr(args, "engine_arg", []) or []:
-        key, _, raw = item.partition("=")
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or key not in names:
+            raise ValueError(f"engine_arg: {item!r} is not KEY=VALUE with KEY an engine argument (the engine "
+                             "flags of --help, with _ for -)")
         try:
-            kw[key.strip()] = ast.literal_eval(raw)
+            kw[key] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
-            kw[key.strip()] = raw
+            kw[key] = raw
     return path, kw
 
 

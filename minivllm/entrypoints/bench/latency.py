@@ -18,11 +18,12 @@ from minivllm.entrypoints.bench import common
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's flags: the batch, the iterations, and the engine's."""
-    p.add_argument("--batch-size", type=int, default=8, help="requests in the batch")
-    p.add_argument("--input-len", type=int, default=32, help="prompt length, in random tokens")
-    p.add_argument("--output-len", type=int, default=128, help="tokens each request generates")
-    p.add_argument("--num-iters", type=int, default=10, help="timed iterations")
-    p.add_argument("--num-iters-warmup", type=int, default=2, help="untimed iterations first")
+    positive = common.int_at_least(1)
+    p.add_argument("--batch-size", type=positive, default=8, help="requests in the batch")
+    p.add_argument("--input-len", type=positive, default=32, help="prompt length, in random tokens")
+    p.add_argument("--output-len", type=positive, default=128, help="tokens each request generates")
+    p.add_argument("--num-iters", type=positive, default=10, help="timed iterations")
+    p.add_argument("--num-iters-warmup", type=common.int_at_least(0), default=2, help="untimed iterations first")
     common.add_engine_args(p)
 
 

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import random
+import sys
 import time
 
 import minivllm
@@ -31,11 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default="/v1/completions", help="the streaming completions route")
     p.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
-    p.add_argument("--num-prompts", type=int, default=100, help="requests to send")
-    p.add_argument("--input-len", type=int, default=128, help="prompt length, in random words or token ids")
-    p.add_argument("--output-len", type=int, default=128, help="tokens each request generates (ignore_eos)")
+    positive = common.int_at_least(1)
+    p.add_argument("--num-prompts", type=positive, default=100, help="requests to send")
+    p.add_argument("--input-len", type=positive, default=128, help="prompt length, in random words or token ids")
+    p.add_argument("--output-len", type=positive, default=128, help="tokens each request generates (ignore_eos)")
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once")
-    p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: no cap)")
+    p.add_argument("--max-concurrency", type=positive, default=None, help="most requests in flight (default: no cap)")
     p.add_argument("--token-ids", action="store_true", help="send prompts as lists of token ids")
     p.add_argument("--max-token-id", type=int, default=10000, help="random token ids are drawn from [0, this]")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every request")
@@ -96,6 +98,7 @@ async def one_request(client, url: str, body: dict) -> dict:
 async def _wait_ready(client, base: str, timeout: float) -> None:
     """Poll ``/health`` until 200 (a server without it, answering 404, counts as ready)."""
     deadline = time.monotonic() + timeout
+    told = False
     while True:
         try:
             resp = await client.get(base + "/health")
@@ -103,6 +106,9 @@ async def _wait_ready(client, base: str, timeout: float) -> None:
                 return
         except Exception:  # noqa: BLE001 - not listening yet
             pass
+        if not told:  # a server still starting, or none at that address: say what the silence is
+            print(f"waiting for {base}/health (up to {timeout:.0f} s, --ready-timeout)", file=sys.stderr, flush=True)
+            told = True
         if time.monotonic() > deadline:
             raise TimeoutError(f"{base}/health did not answer 200 within {timeout:.0f} s")
         await asyncio.sleep(0.5)
@@ -153,6 +159,8 @@ async def benchmark(args: argparse.Namespace) -> tuple[list[dict], float, str]:
 
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark, print its table; returns the result."""
+    if not args.request_rate > 0:
+        raise ValueError(f"request_rate must be > 0 (inf: all at once), got {args.request_rate}")
     recs, duration, model = asyncio.run(benchmark(args))
     ok = [r for r in recs if r["success"]]
     n_out = sum(r["output_tokens"] for r in ok)

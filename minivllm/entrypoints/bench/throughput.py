@@ -37,17 +37,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's flags: the workload, its sizes, and the engine's."""
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="nano",
                    help="the requests' sizes and sampling (listed above); the flags below override them")
-    p.add_argument("--num-requests", type=int, help="requests (default: the workload's)")
-    p.add_argument("--input-len", type=int, help="fixed prompt length (sets min and max)")
-    p.add_argument("--output-len", type=int, help="fixed output length (sets min and max)")
+    positive = common.int_at_least(1)
+    p.add_argument("--num-requests", type=positive, help="requests (default: the workload's)")
+    p.add_argument("--input-len", type=positive, help="fixed prompt length (sets min and max)")
+    p.add_argument("--output-len", type=positive, help="fixed output length (sets min and max)")
     for k in ("min-input-len", "max-input-len", "min-output-len", "max-output-len"):
         what = "prompt" if "input" in k else "output"
-        p.add_argument(f"--{k}", type=int, help=f"{k.split('-')[0]}imum {what} length, in tokens, of the random "
+        p.add_argument(f"--{k}", type=positive, help=f"{k.split('-')[0]}imum {what} length, in tokens, of the random "
                                                   f"draws (default: the workload's)")
     p.add_argument("--temperature", type=float, help="sampling temperature (default: the workload's)")
     p.add_argument("--dataset", help="JSON/JSONL of {prompt_len, output_len} or ShareGPT conversations")
     p.add_argument("--tokenizer", help="tokenizer folder for --dataset conversations (default: the model's)")
-    p.add_argument("--repeat", type=int, default=1, help="timed runs; the median is reported")
+    p.add_argument("--repeat", type=positive, default=1, help="timed runs; the median is reported")
     common.add_engine_args(p)
 
 
@@ -63,6 +64,10 @@ def workload_spec(args: argparse.Namespace) -> tuple[dict, bool]:
         v = getattr(args, k, None)
         if v is not None and v != spec[k]:
             spec[k], changed = v, True
+    for what in ("input", "output"):
+        if spec[f"min_{what}_len"] > spec[f"max_{what}_len"]:
+            raise ValueError(f"min_{what}_len ({spec[f'min_{what}_len']}) must be <= max_{what}_len "
+                             f"({spec[f'max_{what}_len']})")
     return spec, changed
 
 
