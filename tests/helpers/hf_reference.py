@@ -47,3 +47,21 @@ def near_tie_gaps(path: str, prompts: list[list[int]], outs: list[list[int]]) ->
         chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]  # [steps]
         gaps += ((logits.max(1).values - chosen) / logits.std(1)).tolist()
     return gaps
+
+
+def router_near_tie_steps(path: str, prompts: list[list[int]], outs: list[list[int]],
+                          eps: float = 1e-3) -> list[bool]:
+    """For each pick, in ``near_tie_gaps``' order: whether a mixture-of-experts router, at the pick's position or
+    before it, had its ``top_k``-th and next expert within ``eps`` (router logits) in transformers' float32 run
+    on the same tokens. There another order of float32 sums can pick the other expert, which changes that
+    position's hidden state and, through attention, every later logit of the sequence."""
+    model = _hf_model(path)
+    k = model.config.num_experts_per_tok
+    flags: list[bool] = []
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            routers = model(torch.tensor([list(prompt) + list(out)]), output_router_logits=True).router_logits
+        top = [r.float().topk(k + 1, dim=-1).values for r in routers]  # per MoE layer [len, k + 1]
+        margin = torch.stack([t[:, k - 1] - t[:, k] for t in top]).min(0).values  # [len]
+        flags += (torch.cummin(margin, 0).values < eps)[len(prompt) - 1:-1].tolist()
+    return flags
