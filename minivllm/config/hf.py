@@ -26,7 +26,7 @@ def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConf
         model_type = cfg.get("model_type", "")
         archs = {"qwen3": ["Qwen3ForCausalLM"], "llama": ["LlamaForCausalLM"], "qwen2": ["Qwen2ForCausalLM"],
                  "qwen3_moe": ["Qwen3MoeForCausalLM"], "mixtral": ["MixtralForCausalLM"],
-                 "olmoe": ["OlmoeForCausalLM"]}.get(model_type, [])
+                 "olmoe": ["OlmoeForCausalLM"], "mistral": ["MistralForCausalLM"]}.get(model_type, [])
     if not archs:
         raise ValueError("config.json names no architecture (no 'architectures' and unknown 'model_type')")
     rope_params = cfg.get("rope_parameters") or {}
@@ -64,7 +64,25 @@ def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConf
         bos_token_id=cfg.get("bos_token_id"),
         quantization_config=cfg.get("quantization_config"),
         **_moe_fields(cfg),
+        **_sliding_window_fields(cfg, archs[0]),
     )
+
+
+def _sliding_window_fields(cfg: dict, architecture: str) -> dict:
+    """``sliding_window`` and which layers it applies to, as transformers reads them: Mistral and Mixtral slide
+    every layer (their ``layer_types``, if any, are ignored); Qwen2 / Qwen3 only with ``use_sliding_window``,
+    on the layers ``layer_types`` names (when absent: layers from ``max_window_layers`` on)."""
+    window = cfg.get("sliding_window")
+    if window is None or not cfg.get("use_sliding_window", True):
+        return {}
+    layer_types = cfg.get("layer_types")
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
+        layer_types = None
+    elif layer_types is None and "max_window_layers" in cfg:
+        first = cfg["max_window_layers"]
+        layer_types = ["sliding_attention" if i >= first else "full_attention"
+                       for i in range(cfg["num_hidden_layers"])]
+    return dict(sliding_window=window, layer_types=layer_types)
 
 
 def _moe_fields(cfg: dict) -> dict:

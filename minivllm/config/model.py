@@ -8,6 +8,7 @@ from minivllm.config.fields import arg, at_least, check_types
 from minivllm.config.quantization import Fp8Config, fp8_config
 
 DTYPES = ("float32", "float16", "bfloat16")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass
@@ -42,6 +43,10 @@ class ArchConfig:
     mlp_only_layers: list[int] = field(default_factory=list)
     decoder_sparse_step: int = 1
     clip_qkv: float | None = None  # OLMoE: q, k and v clamped to [-clip_qkv, clip_qkv]
+    # sliding-window attention: the query at position p sees keys (p - sliding_window, p]; None: full attention.
+    # ``layer_types`` ("sliding_attention" / "full_attention" per layer), where given, says which layers slide
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -56,6 +61,19 @@ class ArchConfig:
             self._check_moe()
         if self.dtype not in DTYPES:
             raise ValueError(f"model config: dtype must be one of {DTYPES}, got {self.dtype!r}")
+        self._check_sliding_window()
+
+    def _check_sliding_window(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"model config: sliding_window must be >= 1 or null, got {self.sliding_window}")
+        if self.layer_types is None:
+            return
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"model config: layer_types has {len(self.layer_types)} entries for "
+                             f"{self.num_hidden_layers} layers")
+        unknown = set(self.layer_types) - set(LAYER_TYPES)
+        if unknown:
+            raise ValueError(f"model config: layer_types must be among {LAYER_TYPES}, got {sorted(unknown)}")
 
     def _check_moe(self) -> None:
         if not 1 <= self.num_experts_per_tok <= self.num_experts:
@@ -76,6 +94,12 @@ class ArchConfig:
         """Whether decoder layer ``layer`` is sparse (Qwen3-MoE's rule; every layer of Mixtral and OLMoE)."""
         return (self.num_experts > 0 and layer not in self.mlp_only_layers
                 and (layer + 1) % self.decoder_sparse_step == 0)
+
+    def sliding_window_of(self, layer: int) -> int | None:
+        """The attention window of decoder layer ``layer`` in tokens (None: it attends to the whole context)."""
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     def num_params(self) -> int:
         """Parameters of the model, from its shapes (embedding, attention, MLPs, every expert, routers; norms

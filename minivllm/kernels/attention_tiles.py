@@ -34,6 +34,7 @@ def attend_range(
     HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr,  # False: caller guarantees full tiles visible to every query
     DOT_DTYPE: tl.constexpr,  # the dtype of the tiles given to tl.dot (see ``dot_dtype``)
+    WINDOW: tl.constexpr = 0,  # > 0: a query at p sees keys (p - WINDOW, p] only (masked tiles)
 ):
     offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
@@ -62,6 +63,8 @@ def attend_range(
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] float32
         if MASKED:
             visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]  # [BLOCK_M, BLOCK_N]
+            if WINDOW > 0:
+                visible = visible & (k_pos[None, :] > q_pos[:, None] - WINDOW)
             s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M], finite (m_i starts at NEG_BIG)
         alpha = tl.exp2(m_i - m_new)  # [BLOCK_M]
@@ -76,23 +79,44 @@ def attend_range(
 def attend_keys(
     acc, l_i, m_i, q, q_pos,
     k_lo,  # first key position (multiple of BLOCK_N)
-    full_end,  # keys [k_lo, full_end) are visible to every query: no masks
-    k_hi,  # keys [full_end, k_hi) are masked per query (the diagonal tiles)
+    full_lo,  # WINDOW > 0: keys [k_lo, full_lo) are masked (the window's trailing edge); else unused
+    full_end,  # keys [k_lo or full_lo, full_end) are visible to every query: no masks
+    k_hi,  # keys [max(full_lo, full_end), k_hi) are masked per query (the diagonal tiles)
     bt_ptr, k_base, v_base, stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
     BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    WINDOW: tl.constexpr = 0,  # > 0: sliding-window attention (see ``attend_range``)
 ):
-    # attend_range over the unmasked tiles, then over the masked ones
+    # attend_range over the window's edge (masked), the unmasked tiles, then the diagonal (masked)
+    full_start = k_lo
+    diag_start = full_end
+    if WINDOW > 0:
+        acc, l_i, m_i = attend_range(
+            acc, l_i, m_i, q, q_pos, k_lo, full_lo, bt_ptr, k_base, v_base,
+            stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
+            BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, DOT_DTYPE, WINDOW,
+        )  # fmt: skip
+        full_start = full_lo
+        diag_start = tl.maximum(full_lo, full_end)
     acc, l_i, m_i = attend_range(
-        acc, l_i, m_i, q, q_pos, k_lo, full_end, bt_ptr, k_base, v_base,
+        acc, l_i, m_i, q, q_pos, full_start, full_end, bt_ptr, k_base, v_base,
         stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
         BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, DOT_DTYPE,
     )  # fmt: skip
     return attend_range(
-        acc, l_i, m_i, q, q_pos, full_end, k_hi, bt_ptr, k_base, v_base,
+        acc, l_i, m_i, q, q_pos, diag_start, k_hi, bt_ptr, k_base, v_base,
         stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, DOT_DTYPE,
+        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, DOT_DTYPE, WINDOW,
     )  # fmt: skip
+
+
+@triton.jit
+def window_bounds(first_q, last_q, k_hi, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+    """(k_lo, full_lo) for queries at positions [first_q, last_q] over a sliding window of WINDOW keys: tiles
+    before k_lo are outside every query's window (skipped); keys [full_lo, ...) are inside every one's."""
+    k_lo = (tl.maximum(first_q - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+    full_lo = tl.cdiv(tl.maximum(last_q - WINDOW + 1, 0), BLOCK_N) * BLOCK_N
+    return k_lo, tl.minimum(tl.maximum(full_lo, k_lo), k_hi)
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -112,6 +136,15 @@ def dot_dtype(query: torch.Tensor, cache: torch.Tensor) -> tl.dtype:
     if cache.dtype == query.dtype:
         return _TL_DTYPES[query.dtype]
     return tl.float16
+
+
+def window_arg(sliding_window: int | None) -> int:
+    """The kernels' ``WINDOW`` constexpr for a layer's ``sliding_window`` (None: 0, full attention)."""
+    if sliding_window is None:
+        return 0
+    if sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    return int(sliding_window)
 
 
 def check_inputs(query, k_cache, v_cache, block_tables) -> tuple[int, int, int]:

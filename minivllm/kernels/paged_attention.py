@@ -3,7 +3,8 @@
 Semantics match ``minivllm.kernels.torch_backend.paged_attention_ref``: row ``b`` has
 ``q_len = cu_seqlens_q[b+1] - cu_seqlens_q[b]`` new queries; query ``i`` sits at absolute
 position ``context_lens[b] - q_len + i`` and attends keys ``0..position`` (causal), read from
-the paged cache through ``block_tables[b]``.
+the paged cache through ``block_tables[b]``; with a sliding window ``W`` only keys
+``position - W + 1..position``.
 
 Design:
 - The query heads of one kv head (a GQA group, padded to a power of two ``G_PAD``) are packed
@@ -15,6 +16,9 @@ Design:
   with any block size.
 - Online softmax in float32 with exp2 and log2(e)-prescaled scores. Keys visible to every
   query of a tile are processed without masks; only the last (diagonal) tiles are masked.
+- A sliding window (the ``WINDOW`` constexpr, 0 = full attention, which compiles to the same code
+  as before) starts each program's key loop at the tile holding its first query's oldest key, and
+  masks the tiles at the window's trailing edge as the diagonal ones are masked.
 - Grids depend only on host ints and tensor shapes (no ``.item()``), so the decode paths can
   be captured in CUDA graphs; programs past a row's length exit early.
 """
@@ -25,7 +29,15 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_dtype
+from minivllm.kernels.attention_tiles import (
+    LOG2E,
+    NEG_BIG,
+    attend_keys,
+    check_inputs,
+    dot_dtype,
+    window_arg,
+    window_bounds,
+)
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 
@@ -63,6 +75,7 @@ def _paged_attention_kernel(
     IS_DECODE: tl.constexpr,  # one query per row, token index == row (cu_seqlens_q not read)
     DOT_DTYPE: tl.constexpr,
     USE_PDL: tl.constexpr,
+    WINDOW: tl.constexpr = 0,  # > 0: sliding window of WINDOW keys (tiles before it skipped); 0: full
 ):
     pdl_wait(USE_PDL)
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
@@ -103,10 +116,14 @@ def _paged_attention_kernel(
     last_tok = tl.minimum(tile_start + BLOCK_Q, q_len) - 1
     k_hi = ctx - q_len + last_tok + 1  # keys needed by the tile's last query
     full_end = ((ctx - q_len + tile_start + 1) // BLOCK_N) * BLOCK_N
+    k_lo = 0
+    full_lo = 0
+    if WINDOW > 0:
+        k_lo, full_lo = window_bounds(ctx - q_len + tile_start, k_hi - 1, k_hi, BLOCK_N, WINDOW)
     acc, l_i, m_i = attend_keys(
-        acc, l_i, m_i, q, q_pos, 0, full_end, k_hi, bt_ptr, k_base, v_base,
+        acc, l_i, m_i, q, q_pos, k_lo, full_lo, full_end, k_hi, bt_ptr, k_base, v_base,
         stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, DOT_DTYPE,
+        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, DOT_DTYPE, WINDOW,
     )  # fmt: skip
     l_i = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_i[:, None] * v_scale  # [BLOCK_M, HEAD_DIM_PAD]
@@ -141,6 +158,7 @@ def paged_attention(
     max_context_len: int,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
     v_scale: float = 1.0,
+    sliding_window: int | None = None,
     *,
     block_m: int | None = None,
     block_n: int | None = None,
@@ -153,6 +171,8 @@ def paged_attention(
     ints only. ``max_context_len`` is a tuning hint and is not needed for correctness (loops use
     each row's device ``context_lens``). Rows with ``q_len == 0`` leave ``out`` untouched.
     An FP8 cache holds ``K / k_scale`` and ``V / v_scale``: give ``scale * k_scale`` as ``scale``, and ``v_scale``.
+    ``sliding_window``: a query at position p attends to keys (p - sliding_window, p]; key tiles wholly before
+    a program's window are not read.
     ``block_m``/``block_n``/``num_warps``/``num_stages`` override the tile configuration (tests, benchmarks).
     """
     num_heads, num_kv_heads, head_dim = check_inputs(query, k_cache, v_cache, block_tables)
@@ -182,7 +202,7 @@ def paged_attention(
         block_tables.stride(0),
         GROUP=group, G_PAD=g_pad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        IS_DECODE=is_decode, DOT_DTYPE=dot_dtype(query, k_cache),
+        IS_DECODE=is_decode, DOT_DTYPE=dot_dtype(query, k_cache), WINDOW=window_arg(sliding_window),
         num_warps=warps, num_stages=stages, **pdl_options(query),
     )  # fmt: skip
     return out

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_dtype
+from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_dtype, window_arg
 from minivllm.kernels.paged_attention import paged_attention
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
@@ -50,6 +50,7 @@ def _split_kv_decode_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     USE_PDL: tl.constexpr,
+    WINDOW: tl.constexpr = 0,  # > 0: the splits share the last WINDOW keys only; 0: the whole context
 ):
     pdl_wait(USE_PDL)
     row = tl.program_id(0)
@@ -58,10 +59,19 @@ def _split_kv_decode_kernel(
     ctx = tl.load(context_lens_ptr + row)
     # NOTE: split boundaries are multiples of BLOCK_N; trailing splits may be empty (they still
     # write m=NEG_BIG, l=0, acc=0 so the reduction never reads garbage).
-    chunk = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    k_lo = tl.minimum(split * chunk, ctx)
+    if WINDOW > 0:  # the splits cover the window's key tiles only
+        lo = (tl.maximum(ctx - WINDOW, 0) // BLOCK_N) * BLOCK_N
+        chunk = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        k_lo = tl.minimum(lo + split * chunk, ctx)
+    else:
+        chunk = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        k_lo = tl.minimum(split * chunk, ctx)
     k_hi = tl.minimum(k_lo + chunk, ctx)
     full_end = k_lo + ((k_hi - k_lo) // BLOCK_N) * BLOCK_N
+    full_lo = k_lo
+    if WINDOW > 0:  # keys from ctx - WINDOW on are in the window: [k_lo, full_lo) needs the mask
+        full_lo = tl.cdiv(tl.maximum(ctx - WINDOW, 0), BLOCK_N) * BLOCK_N
+        full_lo = tl.minimum(tl.maximum(full_lo, k_lo), k_hi)
 
     offs_m = tl.arange(0, BLOCK_M)  # [BLOCK_M] query head within the group
     offs_d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
@@ -80,9 +90,9 @@ def _split_kv_decode_kernel(
     k_base = k_cache_ptr + kvh * stride_kh
     v_base = v_cache_ptr + kvh * stride_vh
     acc, l_i, m_i = attend_keys(
-        acc, l_i, m_i, q, q_pos, k_lo, full_end, k_hi, bt_ptr, k_base, v_base,
+        acc, l_i, m_i, q, q_pos, k_lo, full_lo, full_end, k_hi, bt_ptr, k_base, v_base,
         stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
-        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, DOT_DTYPE,
+        BLOCK_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, DOT_DTYPE, WINDOW,
     )  # fmt: skip
 
     part = (row.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + split  # [BLOCK_M]
@@ -170,6 +180,7 @@ def paged_decode_split_kv(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,  # [num_rows, num_heads, head_dim]
     v_scale: float = 1.0,
+    sliding_window: int | None = None,
     *,
     block_n: int | None = None,
 ) -> torch.Tensor:
@@ -177,14 +188,17 @@ def paged_decode_split_kv(
 
     Partial (max, sum, acc) go to float32 scratch of shape fixed by (num_rows, num_splits), so
     the two launches are CUDA-graph safe. ``num_splits=None`` picks it with
-    :func:`choose_num_splits`. Rows with context 0 (graph padding) produce zeros.
+    :func:`choose_num_splits`. Rows with context 0 (graph padding) produce zeros. With a
+    ``sliding_window`` the splits share the key tiles of the last ``sliding_window`` positions.
     """
     num_heads, num_kv_heads, head_dim = check_inputs(query, k_cache, v_cache, block_tables)
     num_rows = context_lens.shape[0]
     assert query.shape[0] >= num_rows
     group = num_heads // num_kv_heads
+    window = window_arg(sliding_window)
     if num_splits is None:
-        num_splits = choose_num_splits(num_rows, num_kv_heads, max_context_len, num_sms(query.device))
+        num_splits = choose_num_splits(num_rows, num_kv_heads, _keys_read(max_context_len, window),
+                                       num_sms(query.device))
     if out is None:
         out = torch.empty_like(query)
     assert out.stride(-1) == 1 and out.shape == query.shape
@@ -204,7 +218,7 @@ def paged_decode_split_kv(
         block_tables.stride(0),
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group,
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, BLOCK_SIZE=k_cache.shape[1],
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, DOT_DTYPE=dot_dtype(query, k_cache),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, DOT_DTYPE=dot_dtype(query, k_cache), WINDOW=window,
         num_warps=4, num_stages=2, **pdl_options(query),
     )  # fmt: skip
     _split_kv_reduce_kernel[(num_rows, num_heads)](
@@ -226,20 +240,29 @@ def paged_decode(
     max_context_len: int,
     out: torch.Tensor | None = None,
     v_scale: float = 1.0,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Decode attention: split-KV when the batch cannot fill the GPU, else the unified kernel.
 
-    The choice depends only on (num_rows, num_kv_heads, max_context_len, SM count), so a
-    captured CUDA graph always replays the same kernels. When capturing, pass the largest
+    The choice depends only on (num_rows, num_kv_heads, max_context_len, sliding_window, SM count),
+    so a captured CUDA graph always replays the same kernels. When capturing, pass the largest
     context the graph will serve as ``max_context_len`` (correctness does not depend on it).
     """
     num_splits = choose_num_splits(
-        context_lens.shape[0], k_cache.shape[2], max_context_len, num_sms(query.device)
+        context_lens.shape[0], k_cache.shape[2], _keys_read(max_context_len, window_arg(sliding_window)),
+        num_sms(query.device),
     )
     if num_splits > 1:
         return paged_decode_split_kv(
-            query, k_cache, v_cache, context_lens, block_tables, scale, max_context_len, num_splits, out, v_scale
+            query, k_cache, v_cache, context_lens, block_tables, scale, max_context_len, num_splits, out, v_scale,
+            sliding_window,
         )
     return paged_attention(
-        query, k_cache, v_cache, None, context_lens, block_tables, scale, 1, max_context_len, out, v_scale
+        query, k_cache, v_cache, None, context_lens, block_tables, scale, 1, max_context_len, out, v_scale,
+        sliding_window,
     )
+
+
+def _keys_read(max_context_len: int, window: int) -> int:
+    """The most keys one decode row reads: its context, or its window (``window`` > 0) when shorter."""
+    return min(max_context_len, window) if window else max_context_len

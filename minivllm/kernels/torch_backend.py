@@ -61,8 +61,11 @@ def paged_attention_ref(
     context_lens: list[int] | torch.Tensor,  # [num_rows]
     block_tables: torch.Tensor,  # [num_rows, max_blocks] int
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Causal attention of each row's new queries over its cached + new keys (float32 softmax)."""
+    """Causal attention of each row's new queries over its cached + new keys (float32 softmax).
+
+    ``sliding_window``: the query at position p sees only keys (p - sliding_window, p] (transformers' rule)."""
     if isinstance(cu_seqlens_q, torch.Tensor):
         cu_seqlens_q = cu_seqlens_q.tolist()
     if isinstance(context_lens, torch.Tensor):
@@ -75,14 +78,18 @@ def paged_attention_ref(
         q_len = end - start
         if q_len == 0:
             continue
-        k = gather_kv_ref(k_cache, block_tables[b], ctx)  # [ctx, num_kv_heads, head_dim]
-        v = gather_kv_ref(v_cache, block_tables[b], ctx)
+        # keys before ``lo`` are outside every query's window
+        lo = 0 if sliding_window is None else max(0, ctx - q_len + 1 - sliding_window)
+        k = gather_kv_ref(k_cache, block_tables[b], ctx)[lo:]  # [ctx - lo, num_kv_heads, head_dim]
+        v = gather_kv_ref(v_cache, block_tables[b], ctx)[lo:]
         q = query[start:end].transpose(0, 1).float()  # [num_heads, q_len, head_dim]
         k = k.transpose(0, 1).float().repeat_interleave(num_heads // num_kv_heads, dim=0)
         v = v.transpose(0, 1).float().repeat_interleave(num_heads // num_kv_heads, dim=0)
         q_pos = torch.arange(ctx - q_len, ctx, device=query.device).unsqueeze(1)  # [q_len, 1]
-        k_pos = torch.arange(ctx, device=query.device).unsqueeze(0)  # [1, ctx]
-        mask = k_pos <= q_pos  # [q_len, ctx]
+        k_pos = torch.arange(lo, ctx, device=query.device).unsqueeze(0)  # [1, ctx - lo]
+        mask = k_pos <= q_pos  # [q_len, ctx - lo]
+        if sliding_window is not None:
+            mask &= k_pos > q_pos - sliding_window
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [num_heads, q_len, head_dim]
         out[start:end] = o.transpose(0, 1).to(query.dtype)
     return out
@@ -95,10 +102,11 @@ def paged_decode_torch(
     context_lens: list[int],  # [num_rows]
     block_tables: torch.Tensor,  # [num_rows, max_blocks] int, -1 padded
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_rows, num_heads, head_dim]
     """Decode attention for the whole batch at once (the CPU backend's fast path; same math as
     ``paged_attention_ref``): gather every row's blocks into one padded tensor, mask past each
-    row's context, one batched softmax in float32."""
+    row's context (and before its window), one batched softmax in float32."""
     num_rows, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     max_ctx = max(context_lens)
@@ -110,7 +118,10 @@ def paged_decode_torch(
     q = query.float().view(num_rows, num_kv_heads, group, head_dim)  # [rows, kv, g, d]
     scores = torch.einsum("rkgd,rtkd->rkgt", q, k.float()) * scale  # [rows, kv, g, ctx]
     lens = torch.tensor(context_lens, device=query.device)
-    mask = torch.arange(max_ctx, device=query.device).unsqueeze(0) < lens.unsqueeze(1)  # [rows, ctx]
+    k_pos = torch.arange(max_ctx, device=query.device).unsqueeze(0)  # [1, ctx]
+    mask = k_pos < lens.unsqueeze(1)  # [rows, ctx]
+    if sliding_window is not None:
+        mask &= k_pos >= (lens - sliding_window).unsqueeze(1)
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     out = torch.einsum("rkgt,rtkd->rkgd", scores.softmax(-1), v.float())  # [rows, kv, g, d]
     return out.reshape(num_rows, num_heads, head_dim).to(query.dtype)

@@ -17,12 +17,18 @@ class Attention(nn.Module):
 
     An FP8 cache holds ``K / k_scale`` and ``V / v_scale``: the checkpoint's per-layer scales where it has them
     (:meth:`load_kv_scale`), else 1.0. A cache in the model's dtype ignores them.
+
+    ``sliding_window``: the query at position p attends to keys (p - sliding_window, p] only (None: all of
+    0..p). The cache still holds every block of the sequence; the kernels skip those left behind.
     """
 
-    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int, backend: str = "torch"):
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int, backend: str = "torch",
+                 sliding_window: int | None = None):
         super().__init__()
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
-        self.backend = backend
+        self.backend, self.sliding_window = backend, sliding_window
         self.k_cache = self.v_cache = torch.tensor([])
         self.k_scale = self.v_scale = 1.0
 
@@ -60,11 +66,13 @@ class Attention(nn.Module):
         if self.backend == "triton":
             from minivllm.kernels.triton_backend import triton_attention
 
-            return triton_attention(q, self.k_cache, self.v_cache, meta, self.scale * k_scale, v_scale)
+            return triton_attention(q, self.k_cache, self.v_cache, meta, self.scale * k_scale, v_scale,
+                                    self.sliding_window)
         if meta.is_decode and meta.context_lens_cpu:
             o = paged_decode_torch(q, self.k_cache, self.v_cache, meta.context_lens_cpu, meta.block_tables,
-                                   self.scale * k_scale)
+                                   self.scale * k_scale, self.sliding_window)
         else:
             o = paged_attention_ref(q, self.k_cache, self.v_cache, meta.cu_seqlens_q_cpu or meta.cu_seqlens_q,
-                                    meta.context_lens_cpu or meta.context_lens, meta.block_tables, self.scale * k_scale)
+                                    meta.context_lens_cpu or meta.context_lens, meta.block_tables, self.scale * k_scale,
+                                    self.sliding_window)
         return o if v_scale == 1.0 else o * v_scale

@@ -30,11 +30,11 @@ class DecoderAttention(nn.Module):
     ``qk_norm``: None, ``"head"`` (Qwen3: each head's q and k normalised over ``head_dim``) or ``"full"`` (OLMoE:
     the whole q and k projections, before they split into heads). ``cfg.clip_qkv`` (OLMoE) clamps q, k and v
     after the norms. With a ``tp_group`` the output projection returns this rank's partial sum: the next norm
-    sums it.
+    sums it. ``sliding_window``: this layer's attention window in tokens (None: the whole context).
     """
 
     def __init__(self, cfg: ArchConfig, max_position: int, qk_norm: str | None, qkv_bias: bool, backend: str,
-                 tp_group: TPGroup | None = None):
+                 tp_group: TPGroup | None = None, sliding_window: int | None = None):
         super().__init__()
         if qk_norm not in QK_NORMS:
             raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
@@ -46,7 +46,8 @@ class DecoderAttention(nn.Module):
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
                                         reduce_results=False, tp_group=tp_group)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
-        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads, backend)
+        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads, backend,
+                              sliding_window)
         self.qk_norm, self.clip_qkv = qk_norm, cfg.clip_qkv
         self.fused = backend == "triton"
         if qk_norm == "head":
@@ -110,17 +111,18 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Attention then ``mlp`` (a dense :class:`MLP`, or a mixture of experts), each after an RMSNorm.
+    """Attention (over ``sliding_window`` tokens, or all) then ``mlp`` (a dense :class:`MLP`, or a mixture of
+    experts), each after an RMSNorm.
 
     With a ``tp_group``, o_proj and the MLP return partial sums and the norm that reads each (this layer's
     post-attention norm, the next layer's input norm or the final norm, all given a residual) sums them, in one
     kernel with the add and the norm for decode-sized batches."""
 
     def __init__(self, cfg: ArchConfig, max_position: int, qk_norm: str | None, qkv_bias: bool, backend: str,
-                 mlp: nn.Module, tp_group: TPGroup | None = None):
+                 mlp: nn.Module, tp_group: TPGroup | None = None, sliding_window: int | None = None):
         super().__init__()
         fused = backend == "triton"
-        self.self_attn = DecoderAttention(cfg, max_position, qk_norm, qkv_bias, backend, tp_group)
+        self.self_attn = DecoderAttention(cfg, max_position, qk_norm, qkv_bias, backend, tp_group, sliding_window)
         self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused, tp_group)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused, tp_group)
@@ -145,7 +147,8 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_group)
         self.layers = nn.ModuleList([DecoderLayer(cfg, max_position, qk_norm, qkv_bias, backend, make_mlp(i),
-                                                  tp_group) for i in range(cfg.num_hidden_layers)])
+                                                  tp_group, cfg.sliding_window_of(i))
+                                     for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend == "triton", tp_group)
 
     def forward(self, input_ids, positions, meta):

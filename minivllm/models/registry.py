@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from minivllm.models.mistral import MistralForCausalLM
 from minivllm.models.mixtral import MixtralForCausalLM
 from minivllm.models.olmoe import OlmoeForCausalLM
 from minivllm.models.qwen3 import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
@@ -13,6 +14,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
