@@ -71,5 +71,23 @@ def build_checkpoint(out_dir: Path, shape: str = "tied", seed: int = 0, initiali
     return out_dir
 
 
+def save_random_checkpoint(out_dir: Path, config_name: str, model_name: str, fields: dict, seed: int = 0,
+                           initializer_range: float = 0.5, max_position_embeddings: int = 1024) -> Path:
+    """A seeded random float32 model of the transformers classes ``config_name`` / ``model_name`` with config
+    ``fields``, saved with ``save_pretrained`` beside the tiny tokenizer in ``out_dir``."""
+    import torch
+    import transformers
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out_dir)
+    cfg = getattr(transformers, config_name)(
+        max_position_embeddings=max_position_embeddings, initializer_range=initializer_range, rope_theta=10000.0,
+        eos_token_id=tok.eos_token_id, bos_token_id=None, pad_token_id=tok.pad_token_id, **fields)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(cfg).to(torch.float32)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
 def read_config(path: str) -> dict:
     return json.loads((Path(path) / "config.json").read_text())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers.checkpoints import MODEL_VOCAB, build_tokenizer
+from tests.helpers.checkpoints import MODEL_VOCAB, save_random_checkpoint
 
 _COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=MODEL_VOCAB,
                rms_norm_eps=1e-6, tie_word_embeddings=False)
@@ -32,17 +32,6 @@ def build_moe_checkpoint(out_dir: Path, arch: str, seed: int = 0, initializer_ra
     """A seeded random ``arch`` (a key of ``MOE_SHAPES``) checkpoint and the tiny tokenizer in ``out_dir``.
 
     ``overrides``: config fields over the shape's."""
-    import torch
-    import transformers
-
     config_name, model_name, fields = MOE_SHAPES[arch]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out_dir)
-    cfg = getattr(transformers, config_name)(
-        max_position_embeddings=max_position_embeddings, initializer_range=initializer_range, rope_theta=10000.0,
-        eos_token_id=tok.eos_token_id, bos_token_id=None, pad_token_id=tok.pad_token_id,
-        **{**_COMMON, **fields, **overrides})
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(cfg).to(torch.float32)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
+    return save_random_checkpoint(out_dir, config_name, model_name, {**_COMMON, **fields, **overrides}, seed,
+                                  initializer_range, max_position_embeddings)

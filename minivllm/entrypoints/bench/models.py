@@ -25,6 +25,11 @@ ALIASES = {
     "tiny-qwen3": "tiny-qwen3",
     "qwen3-30b-a3b": "qwen3-30b-a3b",
     "tiny-qwen3-moe": "tiny-qwen3-moe",
+    "mistral-7b-v0.1": "mistral-7b-v0.1",
+    "mistral-7b": "mistral-7b-v0.1",
+    "mistral-small-24b": "mistral-small-24b",
+    "mistral-small-24b-base-2501": "mistral-small-24b",
+    "mistral-small-24b-instruct-2501": "mistral-small-24b",
 }
 
 
