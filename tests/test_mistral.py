@@ -18,6 +18,7 @@ from minivllm.config.model import ArchConfig
 from minivllm.entrypoints.bench.models import resolve_model
 from minivllm.models.mistral import MistralForCausalLM
 from minivllm.models.qwen3 import LlamaForCausalLM
+from tests.helpers.engine_checks import check_chunked_prefill, check_prefix_cache_hit
 from tests.helpers.mistral_checkpoints import TINY_WINDOW, build_mistral_checkpoint
 from tests.test_engine_correctness import GREEDY, PROMPTS, check_against_hf, token_prompts
 
@@ -57,29 +58,12 @@ def test_window_changes_the_tokens(mistral, tmp_path):
 def test_chunked_prefill_across_the_window_edge(mistral):
     """Prompts of ~150 to ~300 tokens prefilled at most 16 tokens a step, beside decoding rows: chunks start and
     end inside, on and past the 12-token window of their first queries."""
-    base = "# " + " ".join(f"word{i}" for i in range(200))
-    prompts = [base[: 240 + 90 * i] for i in range(4)] + PROMPTS[:4]
-    llm = LLM(mistral, device="cpu", max_num_batched_tokens=16, max_model_len=512)
-    ids = token_prompts(llm, prompts)
-    assert max(map(len, ids)) >= 150
-    outputs = llm.generate(ids, GREEDY, use_tqdm=False)
-    check_against_hf(mistral, llm, ids, outputs)
+    check_chunked_prefill(mistral, chunk=16, first_chars=240, step_chars=90, min_tokens=150)
 
 
 def test_prefix_cache_hit_matches_transformers(mistral):
-    llm = LLM(mistral, device="cpu")
-    prefix = "def shared_prefix(a, b, c):\n    " + "total = a + b + c\n    " * 6
-    prompts = [prefix + tail for tail in ("return total", "print(total)", "x = 1", "pass")]
-    ids = token_prompts(llm, prompts)
-    first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
-    rid = llm.engine.add_request(ids[1], GREEDY)
-    outs = []
-    while llm.engine.has_unfinished_requests():
-        o, _ = llm.engine.step()
-        outs += o
-    assert outs[-1].request_id == rid and outs[-1].num_cached_tokens >= 32  # blocks past the window reused
-    rest = llm.generate(prompts[2:], GREEDY, use_tqdm=False)
-    check_against_hf(mistral, llm, ids, first + [outs[-1].to_dict()] + rest)
+    """The reused blocks hold keys past the window of the second prompt's queries, and some inside it."""
+    check_prefix_cache_hit(mistral)
 
 
 def test_preemption_matches_transformers(mistral):

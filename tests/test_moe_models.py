@@ -18,6 +18,7 @@ from minivllm.kernels.moe_torch import select_experts
 from minivllm.layers.fused_moe import FusedMoE
 from minivllm.models.moe import SparseMoeBlock
 from minivllm.models.qwen3 import MLP
+from tests.helpers.engine_checks import check_chunked_prefill, check_prefix_cache_hit
 from tests.helpers.moe_checkpoints import MOE_SHAPES, build_moe_checkpoint
 from tests.test_engine_correctness import GREEDY, PROMPTS, check_against_hf, token_prompts
 
@@ -86,21 +87,7 @@ def test_olmoe_norms_whole_projections_and_clips(moe_models):
 
 @pytest.mark.parametrize("arch", FAST_FIRST)
 def test_prefix_cache_hit_matches_transformers(moe_models, arch):
-    path = moe_models[arch]
-    llm = LLM(path, device="cpu")
-    prefix = "def shared_prefix(a, b, c):\n    " + "total = a + b + c\n    " * 6
-    prompts = [prefix + tail for tail in ("return total", "print(total)", "x = 1", "pass")]
-    ids = token_prompts(llm, prompts)
-    first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
-    assert llm.engine.block_manager.num_cached_blocks > 0
-    rid = llm.engine.add_request(ids[1], GREEDY)
-    outs = []
-    while llm.engine.has_unfinished_requests():
-        o, _ = llm.engine.step()
-        outs += o
-    assert outs[-1].request_id == rid and outs[-1].num_cached_tokens >= 32  # full blocks reused
-    rest = llm.generate(prompts[2:], GREEDY, use_tqdm=False)
-    check_against_hf(path, llm, ids, first + [outs[-1].to_dict()] + rest)
+    check_prefix_cache_hit(moe_models[arch])
 
 
 @pytest.mark.parametrize("arch", FAST_FIRST)
@@ -116,14 +103,7 @@ def test_preemption_matches_transformers(moe_models, arch):
 @pytest.mark.parametrize("arch", FAST_FIRST)
 def test_chunked_prefill_matches_transformers(moe_models, arch):
     """Prompts of up to ~600 tokens prefilled 32 tokens a step, beside decoding rows."""
-    path = moe_models[arch]
-    base = "# " + " ".join(f"word{i}" for i in range(200))
-    prompts = [base[: 480 + 100 * i] for i in range(4)] + PROMPTS[:4]
-    llm = LLM(path, device="cpu", max_num_batched_tokens=32, max_model_len=1024)
-    ids = token_prompts(llm, prompts)
-    assert max(map(len, ids)) >= 300
-    outputs = llm.generate(ids, GREEDY, use_tqdm=False)
-    check_against_hf(path, llm, ids, outputs)
+    check_chunked_prefill(moe_models[arch], chunk=32, first_chars=480, step_chars=100, min_tokens=300)
 
 
 def test_async_scheduling_gives_the_same_tokens(moe_models):

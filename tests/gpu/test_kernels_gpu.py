@@ -36,11 +36,12 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def ref_attention(query, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale):
-    """The torch reference, run on the CPU (it builds its causal mask on the CPU)."""
+def ref_attention(query, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, window=None):
+    """The torch reference (over a sliding ``window`` where given), run on the CPU (it builds its causal mask
+    on the CPU)."""
     args = [t.cpu() if isinstance(t, torch.Tensor) else t for t in (query, k_cache, v_cache, cu_seqlens_q)]
     args += [t.cpu() if isinstance(t, torch.Tensor) else t for t in (context_lens, block_tables)]
-    return paged_attention_ref(*args, scale).to(DEV)
+    return paged_attention_ref(*args, scale, window).to(DEV)
 
 
 def make_batch(rows, num_heads, num_kv_heads, head_dim, block_size, dtype, seed, extra_blocks=8):
@@ -168,9 +169,11 @@ def test_kv_store_equals_store_kvcache_ref_gpu(dtype):
     assert torch.equal(kc, kr) and torch.equal(vc, vr)
 
 
+@pytest.mark.parametrize("window", [None, 100, 4096])
 @pytest.mark.parametrize("mode", ["auto", "unified", "split3"])
-def test_decode_cuda_graph_replay(mode):
-    """Capture the decode path once, replay with new lengths / tables / queries (and padded rows)."""
+def test_decode_cuda_graph_replay(mode, window):
+    """Capture the decode path once, replay with new lengths / tables / queries (and padded rows); full
+    attention and sliding windows (contexts up to 2048: past a 100-key window, within a 4096-key one)."""
     graph_rows, nh, nkv, d, bs, max_ctx, dtype = 8, 16, 8, 128, 16, 2048, torch.bfloat16
     max_blocks = max_ctx // bs
     num_blocks = graph_rows * max_blocks + 4
@@ -183,11 +186,12 @@ def test_decode_cuda_graph_replay(mode):
 
     def step():
         if mode == "auto":
-            paged_decode(q_s, kc, vc, ctx_s, bt_s, d**-0.5, max_ctx, out=out_s)
+            paged_decode(q_s, kc, vc, ctx_s, bt_s, d**-0.5, max_ctx, out=out_s, sliding_window=window)
         elif mode == "unified":
-            paged_attention(q_s, kc, vc, None, ctx_s, bt_s, d**-0.5, 1, max_ctx, out=out_s)
+            paged_attention(q_s, kc, vc, None, ctx_s, bt_s, d**-0.5, 1, max_ctx, out=out_s, sliding_window=window)
         else:
-            paged_decode_split_kv(q_s, kc, vc, ctx_s, bt_s, d**-0.5, max_ctx, num_splits=3, out=out_s)
+            paged_decode_split_kv(q_s, kc, vc, ctx_s, bt_s, d**-0.5, max_ctx, num_splits=3, out=out_s,
+                                  sliding_window=window)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -212,5 +216,5 @@ def test_decode_cuda_graph_replay(mode):
         graph.replay()
         torch.cuda.synchronize()
         cu = torch.arange(real_rows + 1, dtype=torch.int32)
-        ref = ref_attention(q_s[:real_rows], kc, vc, cu, lens[:real_rows], bt_s[:real_rows], d**-0.5)
+        ref = ref_attention(q_s[:real_rows], kc, vc, cu, lens[:real_rows], bt_s[:real_rows], d**-0.5, window)
         assert rel_err(out_s[:real_rows], ref) < MAX_REL_ERR

@@ -1,18 +1,18 @@
-"""Sliding-window attention on a real GPU: the Triton prefill / chunked-prefill and decode kernels (unified,
-split-KV, under CUDA-graph replay) against the torch reference with the same window, and a tiny Mistral through
-the engine (CUDA graphs, eager, the CPU's torch backend: the same greedy tokens).
+"""Sliding-window attention on a real GPU: the Triton prefill / chunked-prefill and decode kernels (unified and
+split-KV; their CUDA-graph replay is in ``test_kernels_gpu.py``) against the torch reference with the same
+window, and a tiny Mistral through the engine (CUDA graphs, eager, the CPU's torch backend: the same greedy
+tokens).
 
 Windows: Mistral-7B's 4096 over contexts past it, and short ones (under a block, a few blocks)."""
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
 import torch
 
-from tests.gpu.test_kernels_gpu import MAX_REL_ERR, make_batch, rel_err
+from tests.gpu.test_kernels_gpu import MAX_REL_ERR, make_batch, ref_attention, rel_err
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,17 +22,8 @@ pytestmark = [
 if torch.cuda.is_available():
     from minivllm.kernels.paged_attention import paged_attention
     from minivllm.kernels.paged_decode import paged_decode, paged_decode_split_kv
-    from minivllm.kernels.torch_backend import paged_attention_ref
 
-DEV = "cuda"
 WINDOWS = [7, 100, 1000, 4096]
-
-
-def ref_attention(query, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, window):
-    """The torch reference with ``window``, run on the CPU."""
-    args = [t.cpu() if isinstance(t, torch.Tensor) else t
-            for t in (query, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables)]
-    return paged_attention_ref(*args, scale, window).to(DEV)
 
 
 def windowed_rows(seed: int) -> list[tuple[int, int]]:
@@ -70,48 +61,6 @@ def test_decode_window_gpu(window, num_splits):
     else:
         paged_decode_split_kv(q, kc, vc, ctx, bt, 0.1, 8192, num_splits=num_splits, out=out, sliding_window=window)
     assert rel_err(out, ref) < MAX_REL_ERR
-
-
-@pytest.mark.parametrize("window", [100, 4096])
-def test_windowed_decode_cuda_graph_replay(window):
-    """Capture the windowed decode path once, replay with new lengths, tables and padded rows."""
-    graph_rows, nh, nkv, d, bs, max_ctx, dtype = 8, 32, 8, 128, 16, 8192, torch.bfloat16
-    max_blocks = max_ctx // bs
-    num_blocks = graph_rows * max_blocks + 4
-    kc = torch.randn(num_blocks, bs, nkv, d, device=DEV, dtype=dtype)
-    vc = torch.randn_like(kc)
-    q_s = torch.zeros(graph_rows, nh, d, device=DEV, dtype=dtype)
-    ctx_s = torch.zeros(graph_rows, dtype=torch.int32, device=DEV)
-    bt_s = torch.full((graph_rows, max_blocks), -1, dtype=torch.int32, device=DEV)
-    out_s = torch.zeros_like(q_s)
-
-    def step():
-        paged_decode(q_s, kc, vc, ctx_s, bt_s, d**-0.5, max_ctx, out=out_s, sliding_window=window)
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up: compile outside capture
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for trial, real_rows in enumerate([8, 5, 1]):
-        rng = random.Random(trial)
-        lens = [rng.randint(1, max_ctx) for _ in range(real_rows)] + [0] * (graph_rows - real_rows)
-        perm = torch.randperm(num_blocks, device=DEV).to(torch.int32)
-        bt = torch.full((graph_rows, max_blocks), -1, dtype=torch.int32, device=DEV)
-        for b, n in enumerate(lens):
-            nb = math.ceil(n / bs)
-            bt[b, :nb] = perm[b * max_blocks : b * max_blocks + nb]
-        q_s.copy_(torch.randn_like(q_s))
-        ctx_s.copy_(torch.tensor(lens, dtype=torch.int32))
-        bt_s.copy_(bt)
-        graph.replay()
-        torch.cuda.synchronize()
-        cu = torch.arange(real_rows + 1, dtype=torch.int32)
-        ref = ref_attention(q_s[:real_rows], kc, vc, cu, lens[:real_rows], bt_s[:real_rows], d**-0.5, window)
-        assert rel_err(out_s[:real_rows], ref) < MAX_REL_ERR
 
 
 @pytest.fixture(scope="module")
