@@ -162,7 +162,8 @@ BASE = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hidd
 
 def test_which_layers_slide():
     """transformers' rules: Qwen2 / Qwen3 slide only with ``use_sliding_window``, on ``layer_types``' sliding
-    layers or from ``max_window_layers`` on; Mistral slides every layer whatever ``layer_types`` says."""
+    layers or from ``max_window_layers`` on; Mistral slides every layer whatever ``layer_types`` says; Llama
+    never."""
     qwen_off = arch_from_dict({**BASE, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 32,
                                "use_sliding_window": False})
     assert qwen_off.sliding_window is None
@@ -176,6 +177,8 @@ def test_which_layers_slide():
     mistral = arch_from_dict({**BASE, "model_type": "mistral", "sliding_window": 8, "layer_types": types})
     assert mistral.architecture == "MistralForCausalLM"
     assert [mistral.sliding_window_of(i) for i in range(4)] == [8] * 4
+    llama = arch_from_dict({**BASE, "architectures": ["LlamaForCausalLM"], "sliding_window": 8})
+    assert llama.sliding_window is None  # transformers' Llama has no sliding window
 
 
 @pytest.mark.parametrize("changes,match", [({"sliding_window": 0}, "sliding_window"),

@@ -68,20 +68,26 @@ def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConf
     )
 
 
+# transformers' rules for ``sliding_window``: these slide every layer (``layer_types`` ignored) ...
+_SLIDE_ALL_LAYERS = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+# ... these the layers ``layer_types`` marks, or without it those from ``max_window_layers`` (default 28) on.
+# Other architectures (Llama, OLMoE) ignore the field.
+_SLIDE_BY_LAYER_TYPES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
 def _sliding_window_fields(cfg: dict, architecture: str) -> dict:
-    """``sliding_window`` and which layers it applies to, as transformers reads them: Mistral and Mixtral slide
-    every layer (their ``layer_types``, if any, are ignored); Qwen2 / Qwen3 only with ``use_sliding_window``,
-    on the layers ``layer_types`` names (when absent: layers from ``max_window_layers`` on)."""
+    """``sliding_window`` and which layers it applies to, as transformers reads them (the Qwen families only with
+    ``use_sliding_window``)."""
     window = cfg.get("sliding_window")
     if window is None or not cfg.get("use_sliding_window", True):
         return {}
-    layer_types = cfg.get("layer_types")
-    if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
-        layer_types = None
-    elif layer_types is None and "max_window_layers" in cfg:
-        first = cfg["max_window_layers"]
-        layer_types = ["sliding_attention" if i >= first else "full_attention"
-                       for i in range(cfg["num_hidden_layers"])]
+    if architecture in _SLIDE_ALL_LAYERS:
+        return dict(sliding_window=window)
+    if architecture not in _SLIDE_BY_LAYER_TYPES:
+        return {}
+    first = cfg.get("max_window_layers", 28)
+    layer_types = cfg.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
+                                             for i in range(cfg["num_hidden_layers"])]
     return dict(sliding_window=window, layer_types=layer_types)
 
 
