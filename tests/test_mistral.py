@@ -154,6 +154,10 @@ def test_shipped_mistral_configs():
     assert (small.sliding_window, small.head_dim, small.hidden_size // small.num_attention_heads) == (None, 128, 160)
     assert small.sliding_window_of(0) is None
     assert 23.0e9 < small.num_params() < 24.0e9
+    with torch.device("meta"):  # the model's shapes, without its memory
+        model = MistralForCausalLM(small, max_position=4096)
+    attn = model.model.layers[0].self_attn
+    assert attn.qkv_proj.weight.shape == ((32 + 2 * 8) * 128, 5120) and attn.o_proj.weight.shape == (5120, 4096)
 
 
 BASE = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,

@@ -37,7 +37,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """``--model`` plus the engine's flags (the engine's ``--seed`` excepted: here it seeds the workload)."""
     p.add_argument("--model", default="qwen3-0.6b",
                    help="a checkpoint folder or a shipped config name (qwen3-0.6b, qwen3-8b, qwen3-32b, "
-                        "llama-3.1-8b, qwen3-30b-a3b, tiny-qwen3, tiny-qwen3-moe: dummy weights)")
+                        "llama-3.1-8b, mistral-7b-v0.1, mistral-small-24b, qwen3-30b-a3b, tiny-qwen3, "
+                        "tiny-qwen3-moe: dummy weights)")
     add_engine_flags(p, exclude=("seed",))
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="an engine argument as KEY=VALUE (a Python literal), e.g. long_prefill_threshold=2048")
