@@ -141,13 +141,14 @@ KERNELS = [
        {"HALF": 64, "HAS_NORM": True, "BLOCK_H": 8, "BLOCK_HALF": 64, "STORE_KV": store, "CACHE_BLOCK": 256,
         "SAT": sat, "USE_PDL": True})
       for store, cache, sat in ((False, "*bf16", 0.0), (True, "*bf16", 0.0), (True, "*fp8e4nv", 448.0))],
-    ("split-KV decode (PDL)", paged_decode._split_kv_decode_kernel,
+    *[(f"split-KV decode (PDL){name}", paged_decode._split_kv_decode_kernel,
      {**dict.fromkeys(("m_part_ptr", "l_part_ptr", "acc_part_ptr"), "*fp32"), "q_ptr": "*bf16", "k_cache_ptr": "*bf16",
       "v_cache_ptr": "*bf16", "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32",
       **dict.fromkeys(("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs",
                        "stride_vh", "stride_bt"), "i32")},
      {"NUM_HEADS": 16, "NUM_SPLITS": 8, "GROUP": 4, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_SIZE": 256, "HEAD_DIM": 128,
-      "HEAD_DIM_PAD": 128, "DOT_DTYPE": tl.bfloat16, "USE_PDL": True}),
+      "HEAD_DIM_PAD": 128, "DOT_DTYPE": tl.bfloat16, "USE_PDL": True, "WINDOW": window})
+      for name, window in (("", 0), (", sliding window 1024", 1024))],
     ("split-KV reduce (PDL)", paged_decode._split_kv_reduce_kernel,
      {"out_ptr": "*bf16", **dict.fromkeys(("m_part_ptr", "l_part_ptr", "acc_part_ptr"), "*fp32"), "v_scale": "fp32",
       "stride_ot": "i32", "stride_oh": "i32"},
@@ -158,9 +159,11 @@ KERNELS = [
         **dict.fromkeys(("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
                          "stride_vb", "stride_vs", "stride_vh", "stride_bt"), "i32")},
        {"GROUP": 4, "G_PAD": 4, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_SIZE": 256, "HEAD_DIM": 128, "HEAD_DIM_PAD": 128,
-        "IS_DECODE": decode, "DOT_DTYPE": dot, "USE_PDL": True})
-      for name, cache, bm, bn, decode, dot in (("", "*bf16", 64, 64, False, tl.bfloat16),
-                                               (", FP8 KV decode", "*fp8e4nv", 16, 128, True, tl.float16))],
+        "IS_DECODE": decode, "DOT_DTYPE": dot, "USE_PDL": True, "WINDOW": window})
+      for name, cache, bm, bn, decode, dot, window in (
+          ("", "*bf16", 64, 64, False, tl.bfloat16, 0),
+          (", FP8 KV decode", "*fp8e4nv", 16, 128, True, tl.float16, 0),
+          (", sliding window 1024", "*bf16", 64, 64, False, tl.bfloat16, 1024))],
     *[(f"Gumbel chunk{name}", gs._gumbel_chunk_kernel,
        {"logits_ptr": "*bf16", "stride_b": "i32", "temperature_ptr": "*fp32", "seeds_ptr": "*i64",
         "best_ptr": "*fp32", "idx_ptr": "*i32", "V": "i32", "C": "i32", "vocab_start": "i32"},

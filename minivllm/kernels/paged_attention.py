@@ -16,9 +16,9 @@ Design:
   with any block size.
 - Online softmax in float32 with exp2 and log2(e)-prescaled scores. Keys visible to every
   query of a tile are processed without masks; only the last (diagonal) tiles are masked.
-- A sliding window (the ``WINDOW`` constexpr, 0 = full attention, which compiles to the same code
-  as before) starts each program's key loop at the tile holding its first query's oldest key, and
-  masks the tiles at the window's trailing edge as the diagonal ones are masked.
+- A sliding window (the ``WINDOW`` constexpr; 0 = full attention, whose window branches compile away
+  but for an empty masked loop) starts each program's key loop at the tile holding its first query's
+  oldest key, and masks the tiles at the window's trailing edge as the diagonal ones are masked.
 - Grids depend only on host ints and tensor shapes (no ``.item()``), so the decode paths can
   be captured in CUDA graphs; programs past a row's length exit early.
 """
