@@ -31,12 +31,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--json", type=Path, help="write the metrics and some samples here")
+    p.add_argument("--training-lists", action="store_true",
+                   help="draw from the training parts of the lists instead (new conversations, seen words)")
     return p.parse_args(argv)
 
 
-def held_out_examples(n: int, seed: int) -> list[Example]:
-    """``n`` first replies (tool calls, requests no tool serves, short questions) of held-out conversations."""
-    gen = Generator(seed, held_out=True)
+def held_out_examples(n: int, seed: int, held_out: bool = True) -> list[Example]:
+    """``n`` first replies (tool calls, requests no tool serves, short questions) of conversations of a seed the
+    fine-tune did not use, from the held-out parts of the lists (or the training parts)."""
+    gen = Generator(seed, held_out=held_out)
     out: list[Example] = []
     while len(out) < n:
         out += [e for e in gen.tool_examples() if e.kind != "tool_result"] if len(out) % 2 else [gen.short_example()]
@@ -94,7 +97,7 @@ def main(argv=None) -> dict:
     from minivllm.entrypoints.openai.tool_parsers.hermes import HermesToolParser
 
     args = parse_args(argv)
-    examples = held_out_examples(args.n, args.seed)
+    examples = held_out_examples(args.n, args.seed, held_out=not args.training_lists)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     rows, samples = [], []
     with LLM(args.model, device="cpu", max_model_len=2048) as llm:
@@ -108,7 +111,7 @@ def main(argv=None) -> dict:
         code = llm.generate(list(CODE_PROMPTS), SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
     code_samples = [{"prompt": p, "completion": o["text"]} for p, o in zip(CODE_PROMPTS, code)]
     leaks = [s for s in code_samples if any(m in s["completion"] for m in CHAT_LEAKS)]
-    result = {"model": args.model, "n": len(rows), "summary": summarize(rows), "code_leaks": len(leaks),
+    result = {"model": args.model, "lists": "training" if args.training_lists else "held-out", "n": len(rows), "summary": summarize(rows), "code_leaks": len(leaks),
               "samples": samples, "code_samples": code_samples}
     print(json.dumps({k: result[k] for k in ("n", "summary", "code_leaks")}, indent=1))
     for s in samples + code_samples:

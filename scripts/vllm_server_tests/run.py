@@ -80,7 +80,7 @@ def clip(text: str, n: int = 400) -> str:
 
 
 def report(per_file: dict[str, dict[str, dict]], times: dict[str, float], applied: list[dict], vllm_root: Path,
-           model: Path) -> str:
+           served_model: Path) -> str:
     totals: Counter = Counter()
     lines = ["| file | passed | failed | error | skipped | excluded | time |", "|---|---:|---:|---:|---:|---:|---:|"]
     for rel, tests in per_file.items():
@@ -96,7 +96,7 @@ def report(per_file: dict[str, dict[str, dict]], times: dict[str, float], applie
     n_model = sum(1 for why in model.values() if why)
     version = next((line.split(":", 1)[1].strip() for line in (vllm_root / "PKG-INFO").read_text().splitlines()
                     if line.startswith("Version:")), "?") if (vllm_root / "PKG-INFO").exists() else "a checkout"
-    served = model.relative_to(REPO_ROOT) if model.is_relative_to(REPO_ROOT) else model
+    served = served_model.relative_to(REPO_ROOT) if served_model.is_relative_to(REPO_ROOT) else served_model
     out = [f"vLLM's tests: {version} (`{vllm_root}`); model served: `{served}`", "",
            f"**{applies} tests apply: {totals['passed']} pass, {totals['failed']} fail, {totals['error']} error "
            f"({100 * bad / max(applies, 1):.1f}% fail or error; {n_model} of them only because a 6.9M-parameter "
