@@ -27,6 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_model.chat_data import encode_pairs, qa_pairs  # noqa: E402
 from demo_model.corpus import collect_files, encode_stream, read_texts, stdlib_root  # noqa: E402
+from demo_model.finetune_batches import chat_batch, code_batch  # noqa: E402
 from demo_model.report import save_checkpoint  # noqa: E402
 
 
@@ -40,24 +41,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
-
-
-def chat_batch(examples, rng: random.Random, size: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``size`` examples padded to the longest: ([B, T] inputs, [B, T] next-token labels)."""
-    picked = [examples[rng.randrange(len(examples))] for _ in range(size)]
-    width = max(len(ids) for ids, _ in picked)
-    ids = torch.full((size, width), pad, dtype=torch.long)
-    labels = torch.full((size, width), -100, dtype=torch.long)
-    for i, (x, y) in enumerate(picked):
-        ids[i, :len(x)] = torch.tensor(x)
-        labels[i, :len(y) - 1] = torch.tensor(y[1:])  # NOTE: position t predicts token t + 1
-    return ids, labels
-
-
-def code_batch(tokens: torch.Tensor, rng: random.Random, size: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    starts = [rng.randrange(len(tokens) - seq_len - 1) for _ in range(size)]
-    windows = torch.stack([tokens[s:s + seq_len + 1] for s in starts])  # [B, T + 1]
-    return windows[:, :-1], windows[:, 1:]
 
 
 def main(argv=None) -> dict:

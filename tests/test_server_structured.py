@@ -271,6 +271,21 @@ def test_tool_history_renders_through_the_template(server):
     assert msg["tool_calls"] is None and isinstance(msg["content"], str)  # no calls: the field is left out, as vLLM
 
 
+def test_a_tool_call_with_empty_arguments_renders_as_no_arguments(server):
+    """A client may send a call of a tool without parameters with ``arguments: ""`` (vLLM's tests do): ``{}``."""
+    messages = [{"role": "user", "content": "Time?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "clock", "arguments": ""}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "noon"}]
+    r = httpx.post(server.url + "/tokenize", json={"model": "demo", "messages": messages})
+    assert r.status_code == 200, r.text
+    text = httpx.post(server.url + "/detokenize", json={"model": "demo", "tokens": r.json()["tokens"]}).json()["prompt"]
+    assert '<tool_call>\n{"name": "clock", "arguments": {}}\n</tool_call>' in text
+    messages[1]["tool_calls"][0]["function"]["arguments"] = "{not json"
+    r = httpx.post(server.url + "/tokenize", json={"model": "demo", "messages": messages})
+    assert r.status_code == 400 and "arguments must be JSON text" in r.text, r.text
+
+
 def test_without_thinking_there_is_no_reasoning(server):
     template = ("{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
                 "{%- endfor %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and not "

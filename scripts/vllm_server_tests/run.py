@@ -1,6 +1,6 @@
-"""Run vLLM's own server tests against ``minivllm serve`` on the demo model, and report.
+"""Run vLLM's own server tests against ``minivllm serve`` on a shipped demo model, and report.
 
-    python scripts/vllm_server_tests/run.py --vllm-tests PATH [--out report.md] [--only SUBSTR ...]
+    python scripts/vllm_server_tests/run.py --vllm-tests PATH [--out report.md] [--only SUBSTR ...] [--model DIR]
 
 PATH is the root of vLLM's source (the one holding ``tests/entrypoints``). Each selected file runs in its own
 pytest process, one after the other (each module starts its own server, as in vLLM's CI). The report: per
@@ -79,7 +79,8 @@ def clip(text: str, n: int = 400) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def report(per_file: dict[str, dict[str, dict]], times: dict[str, float], applied: list[dict], vllm_root: Path) -> str:
+def report(per_file: dict[str, dict[str, dict]], times: dict[str, float], applied: list[dict], vllm_root: Path,
+           served_model: Path) -> str:
     totals: Counter = Counter()
     lines = ["| file | passed | failed | error | skipped | excluded | time |", "|---|---:|---:|---:|---:|---:|---:|"]
     for rel, tests in per_file.items():
@@ -95,7 +96,8 @@ def report(per_file: dict[str, dict[str, dict]], times: dict[str, float], applie
     n_model = sum(1 for why in model.values() if why)
     version = next((line.split(":", 1)[1].strip() for line in (vllm_root / "PKG-INFO").read_text().splitlines()
                     if line.startswith("Version:")), "?") if (vllm_root / "PKG-INFO").exists() else "a checkout"
-    out = [f"vLLM's tests: {version} (`{vllm_root}`)", "",
+    served = served_model.relative_to(REPO_ROOT) if served_model.is_relative_to(REPO_ROOT) else served_model
+    out = [f"vLLM's tests: {version} (`{vllm_root}`); model served: `{served}`", "",
            f"**{applies} tests apply: {totals['passed']} pass, {totals['failed']} fail, {totals['error']} error "
            f"({100 * bad / max(applies, 1):.1f}% fail or error; {n_model} of them only because a 6.9M-parameter "
            f"model cannot give the answer, tagged [model]).** Skipped by vLLM's own marks: {totals['skipped']}; "
@@ -133,6 +135,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the report (markdown) here too")
     parser.add_argument("--stage", type=Path, default=Path("/tmp/minivllm-vllm-tests"), help="work folder")
     parser.add_argument("--only", nargs="*", default=[], help="run only the selected files containing these")
+    parser.add_argument("--model", type=Path, default=staging.DEFAULT_MODEL,
+                        help="the checkpoint folder to serve (default: %(default)s)")
     parser.add_argument("--file-timeout-s", type=int, default=1500)
     parser.add_argument("--test-timeout-s", type=int, default=300)
     parser.add_argument("--report-only", action="store_true", help="report the results of the last run again")
@@ -142,7 +146,9 @@ def main() -> int:
     except ImportError:
         raise SystemExit("vLLM's tests need pytest-asyncio: pip install pytest-asyncio pybase64") from None
     vllm_root = staging.find_vllm_tests(args.vllm_tests.resolve())
-    paths = staging.stage(vllm_root, args.stage)  # NOTE: also with --report-only, for the adaptations' list
+    if not (args.model / "config.json").is_file():
+        raise SystemExit(f"--model {args.model}: not a checkpoint folder (no config.json)")
+    paths = staging.stage(vllm_root, args.stage, args.model.resolve())  # NOTE: also with --report-only, for the adaptations' list
     unlisted = unlisted_files(paths["tests"])
     files = [f for f in selection.SELECTED if not args.only or any(s in f for s in args.only)]
     per_file: dict[str, dict[str, dict]] = {}
@@ -161,7 +167,7 @@ def main() -> int:
         per_file[rel] = outcome_per_test(entries)
         c = Counter(t["outcome"] for t in per_file[rel].values())
         print(f"{rel}: " + ", ".join(f"{c[o]} {o}" for o in OUTCOMES) + f" ({times[rel]:.0f} s)", flush=True)
-    text = report(per_file, times, paths["adaptations"], vllm_root)
+    text = report(per_file, times, paths["adaptations"], vllm_root, args.model.resolve())
     if unlisted:
         text += "\n## Files neither selected nor excluded (classify them in selection.py)\n\n" + "\n".join(
             f"- `{r}`" for r in unlisted) + "\n"

@@ -2,9 +2,9 @@
 
 The staged tree: ``tests/entrypoints/...`` (vLLM's files, copied; the adaptations of selection.py applied to
 the copies, never to the originals), ``tests/utils.py`` and ``tests/conftest.py`` (the shim's), ``vllm/``
-(the shim's stand-in package), ``pytest.ini``, ``model/`` (the demo checkpoint served, its context raised:
-see the README) and ``hf_home/`` (an offline Hugging Face cache in which every model id the selected files
-name is the demo tokenizer)."""
+(the shim's stand-in package), ``pytest.ini``, ``model/`` (the checkpoint served, by default
+``DEFAULT_MODEL``, its context raised: see the README) and ``hf_home/`` (an offline Hugging Face cache in which
+every model id the selected files name is the served model's tokenizer)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import selection
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-DEMO_MODEL = REPO_ROOT / "models" / "minivllm-demo-py"
+DEFAULT_MODEL = REPO_ROOT / "models" / "minivllm-demo-chat"
 # NOTE: vLLM's tests ask for contexts up to 10100 tokens; RoPE has no limit of its own
 SERVED_MAX_POSITION_EMBEDDINGS = 32768
 PYTEST_INI = """[pytest]
@@ -47,25 +47,27 @@ def find_vllm_tests(path: Path) -> Path:
     raise SystemExit(f"{path}: no tests/entrypoints/openai under it (give the root of vLLM's source)")
 
 
-def stage_model(stage: Path) -> Path:
-    model = stage / "model" / "minivllm-demo-py"
+def stage_model(stage: Path, source: Path) -> Path:
+    """``source`` linked under ``stage/model/``, with its context raised in its config and tokenizer config."""
+    model = stage / "model" / source.name
     if model.exists():
         shutil.rmtree(model)
     model.mkdir(parents=True)
-    for f in DEMO_MODEL.iterdir():
+    for f in source.iterdir():
         if f.name not in ("config.json", "tokenizer_config.json"):
             (model / f.name).symlink_to(f)
-    config = json.loads((DEMO_MODEL / "config.json").read_text())
+    config = json.loads((source / "config.json").read_text())
     config["max_position_embeddings"] = SERVED_MAX_POSITION_EMBEDDINGS
     (model / "config.json").write_text(json.dumps(config, indent=2))
     # the tokenizer says the same context as the raised config (GET /tokenizer_info reports it)
-    tokenizer_config = json.loads((DEMO_MODEL / "tokenizer_config.json").read_text())
+    tokenizer_config = json.loads((source / "tokenizer_config.json").read_text())
     tokenizer_config["model_max_length"] = SERVED_MAX_POSITION_EMBEDDINGS
     (model / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     return model
 
 
-def stage_hf_cache(stage: Path, model_ids: set[str]) -> Path:
+def stage_hf_cache(stage: Path, model_ids: set[str], source: Path) -> Path:
+    """An offline Hugging Face cache in which each of ``model_ids`` is ``source``'s tokenizer and configs."""
     hub = stage / "hf_home" / "hub"
     if hub.exists():
         shutil.rmtree(hub)
@@ -76,15 +78,16 @@ def stage_hf_cache(stage: Path, model_ids: set[str]) -> Path:
         (repo / "refs" / "main").write_text(revision)
         snapshot = repo / "snapshots" / revision
         snapshot.mkdir(parents=True)
-        for f in DEMO_MODEL.iterdir():
+        for f in source.iterdir():
             if f.name.startswith("tokenizer") or f.name in ("config.json", "chat_template.jinja",
                                                             "generation_config.json"):
                 (snapshot / f.name).symlink_to(f)
     return hub.parent
 
 
-def stage(vllm_root: Path, stage_dir: Path) -> dict:
-    """Stage everything; returns what run.py needs (paths, the adaptations applied)."""
+def stage(vllm_root: Path, stage_dir: Path, source: Path = DEFAULT_MODEL) -> dict:
+    """Stage everything to serve the checkpoint folder ``source``; returns what run.py needs (paths, the
+    adaptations applied)."""
     stage_dir.mkdir(parents=True, exist_ok=True)
     tests = stage_dir / "tests"
     if tests.exists():
@@ -102,9 +105,9 @@ def stage(vllm_root: Path, stage_dir: Path) -> dict:
         shutil.rmtree(stage_dir / "vllm")
     shutil.copytree(HERE / "shim" / "vllm", stage_dir / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
     (stage_dir / "pytest.ini").write_text(PYTEST_INI)
-    model = stage_model(stage_dir)
-    applied = selection.apply_adaptations(dst, DEMO_MODEL)
+    model = stage_model(stage_dir, source)
+    applied = selection.apply_adaptations(dst, source)
     ids = {m for rel in selection.SELECTED for m in HF_ID.findall((dst / rel).read_text())
            if not m.startswith(("v1/", "/"))}
-    hf_home = stage_hf_cache(stage_dir, ids)
+    hf_home = stage_hf_cache(stage_dir, ids, source)
     return {"tests": dst, "model": model, "hf_home": hf_home, "adaptations": applied}

@@ -207,12 +207,13 @@ class ChatMessage(BaseModel):
 
 
 def _template_call(call: Any) -> Any:
-    """An assistant's tool call with its ``function.arguments`` parsed (ValueError naming the field if not JSON)."""
+    """An assistant's tool call with its ``function.arguments`` parsed (ValueError naming the field if not JSON);
+    empty arguments are a call without arguments (``{}``), as vLLM reads them."""
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
         return call
     try:
-        args = json.loads(fn["arguments"])
+        args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
     except ValueError:
         raise ValueError(f"messages: tool_calls arguments must be JSON text, got {fn['arguments']!r}") from None
     return {**call, "function": {**fn, "arguments": args}}

@@ -1,7 +1,7 @@
 """Staged as ``tests/utils.py``: what vLLM's server tests import from their ``tests/utils.py``, for minivllm.
 
-``RemoteOpenAIServer(model, args)`` starts ``minivllm serve`` on the demo model (the checkpoint named by
-``VLLMTESTS_MODEL``), served under the name the test asked for, with the test's flags translated by
+``RemoteOpenAIServer(model, args)`` starts ``minivllm serve`` on the harness's model (the checkpoint run.py
+stages from its ``--model`` and names in ``VLLMTESTS_MODEL``), served under the name the test asked for, with the test's flags translated by
 ``translate_args``: the flags of ``DROPPED_FLAGS`` are left out (each with its reason), every other flag
 reaches ``minivllm serve`` as it is, so a flag minivllm lacks makes the server refuse to start and the tests
 that need it error with argparse's message. Written for this harness; no line of vLLM's file is used.
@@ -30,7 +30,7 @@ REPO_ROOT = Path(os.environ.get("VLLMTESTS_REPO_ROOT", "."))  # NOTE: minivllm's
 # flag -> (number of values: 0, 1 or "+", reason); the README lists them
 DROPPED_FLAGS: dict[str, tuple[int | str, str]] = {
     "--dtype": (1, "hardware: the CPU computes in float32; vLLM's tests pick half precision for GPU memory"),
-    "--trust-remote-code": (0, "the demo checkpoint has no remote code"),
+    "--trust-remote-code": (0, "the demo checkpoints have no remote code"),
     "--structured-outputs-config.backend": (1, "vLLM's choice among its grammar backends; minivllm has one"),
     "--runner": (1, "selects an embedding model's pooling runner; only the middleware tests of such a "
                     "server run, and they use no model output"),
@@ -92,7 +92,7 @@ def _flag_value(args: list[str], *names: str) -> str | None:
 
 
 class RemoteOpenAIServer:
-    """``minivllm serve`` on the demo model, with the interface of vLLM's test helper of the same name."""
+    """``minivllm serve`` on the harness's model, with the interface of vLLM's test helper of the same name."""
 
     DUMMY_API_KEY = "token-abc123"
 

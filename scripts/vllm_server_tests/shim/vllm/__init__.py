@@ -1,8 +1,8 @@
 """Staged as a package named ``vllm``, so that vLLM's test files import unchanged without vLLM installed.
 
 vLLM's server tests import a few helpers from vLLM (the served model's tokenizer and vocabulary size, the
-version, a free port...). Those are given here for real, answering with the model the harness serves (the
-demo model: ``VLLMTESTS_MODEL``). Every other ``vllm.*`` name imports as a placeholder (``Placeholder``):
+version, a free port...). Those are given here for real, answering with the model the harness serves
+(run.py's ``--model``, staged and named in ``VLLMTESTS_MODEL``). Every other ``vllm.*`` name imports as a placeholder (``Placeholder``):
 module-level code of the test files runs, but a test that *uses* one raises ``VLLMInternalsUsed``: such tests
 exercise vLLM's own Python classes, not a server, and the harness deselects them (selection.py). Written for
 this harness; no line of vLLM is used.
@@ -81,7 +81,7 @@ class Placeholder:
 # ---- what the server tests use, for real --------------------------------------------------------------
 
 def get_tokenizer(tokenizer_name=None, *args, **kwargs):
-    """The tokenizer of the served (demo) model, whatever vLLM model the test names."""
+    """The tokenizer of the served model, whatever vLLM model the test names."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(_model_path())
