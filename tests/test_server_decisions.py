@@ -110,3 +110,28 @@ def test_what_it_refuses_gets_a_400(server, body, param, words):
 
 def test_another_model_is_a_404(server):
     assert decide(server, {"model": "other", "questions": QUESTIONS[:1]}, 404)["error"]["code"] == "model_not_found"
+
+
+def test_label_tokens_when_the_prompt_tail_merges_otherwise():
+    """The chat model's prompt ends in a "\\n\\n" token after ``</think>``, and its tokenizer reads "\\n\\nA" as three
+    tokens: each label is then its own single token (what the model emits after the fixed prompt), distinct; a
+    tokenizer whose label is several tokens gets the 501."""
+    from minivllm.entrypoints.openai.errors import APIError
+    from minivllm.entrypoints.openai.serving_decisions import LABELS, label_token_ids
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "models" / "minivllm-demo-chat")
+    tail = tok.encode("\n\n", add_special_tokens=False)
+    assert tok.encode("\n\nA", add_special_tokens=False)[:-1] != tail  # the case this handles
+    ids = label_token_ids(tok, tail)
+    assert ids == [tok.encode(label, add_special_tokens=False)[0] for label in LABELS] and len(set(ids)) == len(ids)
+
+    class Merging:  # every label two tokens
+        def decode(self, ids):
+            return ""
+
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text] * 2
+
+    with pytest.raises(APIError) as err:
+        label_token_ids(Merging(), [])
+    assert err.value.status == 501

@@ -96,14 +96,30 @@ class DecisionServing:
                                                        **_READ_ARGS), add_special_tokens=False)
             special = set(tok.get_added_vocab().values())
             tail = probe[max((i + 1 for i, t in enumerate(probe) if t in special), default=0):]
-            text, ids = tok.decode(tail), []
-            for label in LABELS:
-                extended = tok.encode(text + label, add_special_tokens=False)
-                if extended[:-1] != tail or extended[-1] in ids:
-                    raise APIError(501, UNSUPPORTED, type="not_implemented")
-                ids.append(extended[-1])
-            self._labels = (tail, ids)
+            self._labels = (tail, label_token_ids(tok, tail))
         return self._labels
+
+
+def label_token_ids(tok, tail: list[int]) -> list[int]:
+    """The token a reply starting with each label begins with, after the prompt's ``tail`` tokens: the text's last
+    token when ``tail``'s text and the label tokenize as ``tail`` plus one token; else (the tokenizer merges
+    across the boundary differently, e.g. ``"\n\nA"`` as three tokens after a ``"\n\n"`` token) the label's
+    own single token, which is what the model emits after the fixed prompt tokens. A 501 when a label is not one
+    token or two labels share one."""
+    text, ids = tok.decode(tail), []
+    for label in LABELS:
+        extended = tok.encode(text + label, add_special_tokens=False)
+        alone = tok.encode(label, add_special_tokens=False)
+        if extended[:-1] == tail:
+            token = extended[-1]
+        elif len(alone) == 1:
+            token = alone[0]
+        else:
+            raise APIError(501, UNSUPPORTED, type="not_implemented")
+        if token in ids:
+            raise APIError(501, UNSUPPORTED, type="not_implemented")
+        ids.append(token)
+    return ids
 
 
 # a read is the reply's first token: thinking off (templates without the switch ignore it)
