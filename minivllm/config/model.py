@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minivllm.config.fields import arg, at_least, check_types
-from minivllm.config.quantization import Fp8Config, fp8_config
+from minivllm.config.quantization import Fp8Config, Mxfp4Config, fp8_config, mxfp4_config
 
 DTYPES = ("float32", "float16", "bfloat16")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -134,10 +134,12 @@ class ModelConfig:
                                          "when loaded (default: the checkpoint's own quantization, if any)",
                                    choices=("fp8",))
     fp8: Fp8Config | None = field(default=None, init=False, repr=False)  # resolved: the checkpoint's or online
+    mxfp4: Mxfp4Config | None = field(default=None, init=False, repr=False)  # the checkpoint's MXFP4 experts
 
     def __post_init__(self) -> None:
         check_types(self)
         self.fp8 = fp8_config(self.arch.quantization_config, self.quantization)  # ValueError if unsupported
+        self.mxfp4 = mxfp4_config(self.arch.quantization_config)
         if self.max_model_len is None:
             self.max_model_len = min(4096, self.arch.max_position_embeddings)
         at_least("max_model_len", self.max_model_len, 1)

@@ -1,5 +1,5 @@
-"""Which weights are FP8 and how they are scaled, from the checkpoint's ``quantization_config`` or the user's
-``quantization="fp8"`` (pure Python: the config layer reads it)."""
+"""Which weights are FP8 or MXFP4 and how they are scaled, from the checkpoint's ``quantization_config`` or the
+user's ``quantization="fp8"`` (pure Python: the config layer reads it)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def fp8_config(checkpoint_quant: dict | None, quantization: str | None) -> Fp8Co
     if checkpoint_quant is None:
         return Fp8Config() if quantization == "fp8" else None
     method = checkpoint_quant.get("quant_method")
-    if quantization not in (None, "fp8"):
+    if quantization not in (None, "fp8") or (quantization is not None and method == "mxfp4"):
         raise ValueError(f"quantization={quantization!r}, but the checkpoint is quantized with {method!r}")
     if method == "fp8":
         if checkpoint_quant.get("activation_scheme", "dynamic") != "dynamic":
@@ -39,7 +39,10 @@ def fp8_config(checkpoint_quant: dict | None, quantization: str | None) -> Fp8Co
         return Fp8Config(tuple(block) if block else None, True, "weight_scale_inv" if block else "weight_scale")
     if method == "compressed-tensors":
         return _compressed_tensors(checkpoint_quant)
-    raise ValueError(f"the checkpoint's quant_method {method!r} is not supported (fp8 and compressed-tensors FP8 are)")
+    if method == "mxfp4":
+        return None  # MXFP4 experts: ``mxfp4_config``
+    raise ValueError(f"the checkpoint's quant_method {method!r} is not supported (fp8, compressed-tensors FP8 "
+                     "and mxfp4 are)")
 
 
 def _compressed_tensors(cfg: dict) -> Fp8Config:
@@ -54,3 +57,25 @@ def _compressed_tensors(cfg: dict) -> Fp8Config:
         raise ValueError("compressed-tensors: only FP8 weights per channel with dynamic FP8 activations per token "
                          f"are supported, got weights {w} and activations {a}")
     return Fp8Config(None, True, "weight_scale")
+
+
+@dataclass(frozen=True)
+class Mxfp4Config:
+    """MXFP4 experts (gpt-oss's checkpoints, ``"quant_method": "mxfp4"``): each expert weight in e2m1 with one
+    e8m0 scale a group of ``block`` input columns, stored as ``*_blocks`` and ``*_scales``. Everything else
+    (attention, routers, embedding, LM head) stays in the model's dtype."""
+
+    block: int = 32
+
+
+def mxfp4_config(checkpoint_quant: dict | None) -> Mxfp4Config | None:
+    """The checkpoint's MXFP4 layout, None for any other checkpoint. ValueError where its
+    ``modules_to_not_convert`` would keep the experts unquantized (this engine holds every MoE layer's
+    experts in MXFP4 or none)."""
+    if checkpoint_quant is None or checkpoint_quant.get("quant_method") != "mxfp4":
+        return None
+    kept = [m for m in checkpoint_quant.get("modules_to_not_convert") or [] if "experts" in m]
+    if kept:
+        raise ValueError(f"mxfp4 checkpoints with unquantized experts are not supported (modules_to_not_convert "
+                         f"names {kept})")
+    return Mxfp4Config()

@@ -36,6 +36,7 @@ from minivllm.kernels.fused_moe_config import (
 from minivllm.kernels.fused_moe_decode import fused_moe_decode, silu_mul
 from minivllm.kernels.moe_align import moe_align_block_size
 from minivllm.kernels.moe_topk import select_experts_triton
+from minivllm.kernels.mxfp4_dequant import load_mxfp4
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 __all__ = ["fused_moe_triton", "select_experts_triton"]
@@ -44,10 +45,10 @@ __all__ = ["fused_moe_triton", "select_experts_triton"]
 @triton.jit
 def _moe_gemm_kernel(
     a_ptr,  # GEMM 1: x [n, K]; GEMM 2: the activations [n * TOP_K, K] (bf16/fp16/fp32, or FP8)
-    b_ptr,  # [E, N (x2 if GATED), K]: w13 (gate rows, then up rows) or w2
+    b_ptr,  # [E, N (x2 if GATED), K]: w13 (gate rows, then up rows) or w2; MXFP4: [E, N (x2), K/2] uint8
     c_ptr,  # [n * TOP_K, N]
     a_scale_ptr,  # FP8: [rows of a, cdiv(K, GROUP_K)] or [rows of a, 1] float32; else a dummy
-    b_scale_ptr,  # FP8: [E, N blocks (x2), K blocks] or [E, N (x2)] float32; else a dummy
+    b_scale_ptr,  # FP8: [E, N blocks (x2), K blocks] or [E, N (x2)] float32; MXFP4: [E, N (x2), K/32] uint8
     topk_w_ptr,  # [n * TOP_K] float32 (MUL_WEIGHT)
     sorted_ptr,  # [max_padded] int32: pair indices by expert, padded with num_pairs
     expert_ids_ptr,  # [num_tiles] int32
@@ -70,6 +71,7 @@ def _moe_gemm_kernel(
     GATED: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     FP8: tl.constexpr,
+    MXFP4: tl.constexpr,  # weights dequantized in registers to a's dtype, a unquantized
     GROUP_N: tl.constexpr,  # FP8: weight rows a scale (1 per channel)
     GROUP_K: tl.constexpr,  # FP8: columns a scale; a multiple of BLOCK_K
     DOT_F32: tl.constexpr,
@@ -110,7 +112,10 @@ def _moe_gemm_kernel(
         kk = k + rk
         a = tl.load(a_rows + kk[None, :], mask=valid[:, None] & (kk[None, :] < K), other=0.0)  # [BM, BK]
         b_mask = (kk[:, None] < K) & (rn[None, :] < N)
-        b = tl.load(b_cols + kk[:, None], mask=b_mask, other=0.0)  # [BK, BN]
+        if MXFP4:
+            b = load_mxfp4(b_cols, bs_cols[None, :], kk[:, None], b_mask, stride_bsk).to(a.dtype)  # [BK, BN]
+        else:
+            b = tl.load(b_cols + kk[:, None], mask=b_mask, other=0.0)  # [BK, BN]
         if DOT_F32:  # Triton runs on CPU tensors only in its interpreter, whose bf16/fp16/fp8 dot is wrong
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -122,7 +127,10 @@ def _moe_gemm_kernel(
         else:
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         if GATED:
-            up = tl.load(b_cols + N * stride_bn + kk[:, None], mask=b_mask, other=0.0)  # [BK, BN]
+            if MXFP4:
+                up = load_mxfp4(b_cols + N * stride_bn, bs_up[None, :], kk[:, None], b_mask, stride_bsk).to(a.dtype)
+            else:
+                up = tl.load(b_cols + N * stride_bn + kk[:, None], mask=b_mask, other=0.0)  # [BK, BN]
             if DOT_F32:
                 up = up.to(tl.float32)
             if FP8:
@@ -162,18 +170,23 @@ def _check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, blo
     n, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter = two_i // 2
-    if w13.shape[2] != hidden or two_i % 2 or tuple(w2.shape) != (num_experts, hidden, inter):
+    mxfp4 = w13.dtype == torch.uint8
+    pack = 2 if mxfp4 else 1  # values a stored element along K
+    if w13.shape[2] * pack != hidden or two_i % 2 or tuple(w2.shape) != (num_experts, hidden, inter // pack):
         raise ValueError(f"fused_moe: w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} do not fit x [n, {hidden}] "
                          f"(w13 [E, 2I, H], w2 [E, H, I])")
     if topk_ids.dim() != 2 or topk_ids.shape[0] != n or topk_weights.shape != topk_ids.shape:
         raise ValueError(f"topk_weights and topk_ids must both be [{n}, top_k], got {tuple(topk_weights.shape)} "
                          f"and {tuple(topk_ids.shape)}")
-    if w13.stride(2) != 1 or w2.stride(2) != 1 or w13.stride(1) != hidden or w2.stride(1) != inter:
+    if w13.stride(2) != 1 or w2.stride(2) != 1 or w13.stride(1) != w13.shape[2] or w2.stride(1) != w2.shape[2]:
         raise ValueError("fused_moe_triton needs each expert's weight with contiguous rows (w13[e], w2[e] contiguous)")
     fp8 = w13.dtype == torch.float8_e4m3fn
-    if w2.dtype != w13.dtype or (not fp8 and w13.dtype != x.dtype):
-        raise ValueError(f"fused_moe_triton needs weights in x's dtype {x.dtype} or both float8_e4m3fn, got "
-                         f"{w13.dtype} and {w2.dtype}")
+    if w2.dtype != w13.dtype or (not fp8 and not mxfp4 and w13.dtype != x.dtype):
+        raise ValueError(f"fused_moe_triton needs weights in x's dtype {x.dtype}, both float8_e4m3fn or both uint8 "
+                         f"(MXFP4), got {w13.dtype} and {w2.dtype}")
+    if mxfp4:
+        _check_mxfp4_scales(w13, w2, w13_scale, w2_scale, block)
+        return
     if not fp8:
         if w13_scale is not None or w2_scale is not None:
             raise ValueError("w13_scale and w2_scale go with float8_e4m3fn weights only")
@@ -190,6 +203,20 @@ def _check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, blo
         if scale is None or tuple(scale.shape) != want or scale.dtype != torch.float32:
             got = None if scale is None else (tuple(scale.shape), scale.dtype)
             raise ValueError(f"{name} must be float32 {want} for FP8 weights with block_shape {block}, got {got}")
+
+
+def _check_mxfp4_scales(w13, w2, w13_scale, w2_scale, block) -> None:
+    """ValueError unless MXFP4 ``w13`` [E, 2I, H/2] / ``w2`` [E, H, I/2] come with uint8 scales [E, 2I, H/32] /
+    [E, H, I/32] with contiguous rows, and no ``block_shape``."""
+    if block is not None:
+        raise ValueError(f"block_shape goes with FP8 weights; MXFP4 weights have a scale a 32 columns, got {block}")
+    for name, w, scale in (("w13_scale", w13, w13_scale), ("w2_scale", w2, w2_scale)):
+        if w.shape[2] % 16:
+            raise ValueError(f"MXFP4 weights need K a multiple of 32, got {2 * w.shape[2]}")
+        want = (*w.shape[:2], w.shape[2] // 16)
+        if scale is None or tuple(scale.shape) != want or scale.dtype != torch.uint8 or scale.stride(2) != 1:
+            got = None if scale is None else (tuple(scale.shape), scale.dtype)
+            raise ValueError(f"{name} must be uint8 {want} with contiguous rows for MXFP4 weights, got {got}")
 
 
 def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -213,6 +240,10 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     cdiv(I, bk)]). The grouped GEMMs quantize their activations per token (per token and ``bk`` columns with
     blocks) and multiply on the FP8 tensor cores; the decode kernels widen the weights in registers and keep
     the activations unquantized.
+
+    MXFP4 experts: ``w13`` uint8 [E, 2I, H/2] and ``w2`` uint8 [E, H, I/2] (two e2m1 values a byte) with uint8
+    e8m0 scales ``w13_scale`` [E, 2I, H/32] and ``w2_scale`` [E, H, I/32] (``kernels/mxfp4.py``); both paths
+    dequantize the weights in registers and keep the activations in ``x``'s dtype.
     """
     _check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape)
     if x.stride(1) != 1:
@@ -220,14 +251,15 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     n, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter, top_k = two_i // 2, topk_ids.shape[1]
-    fp8 = w13.dtype == torch.float8_e4m3fn
+    fp8, mxfp4 = w13.dtype == torch.float8_e4m3fn, w13.dtype == torch.uint8
     out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)  # [n, H]
     if n == 0:
         return out
     ids = topk_ids.to(torch.int32).contiguous().view(-1)  # [n * top_k]
     weights = topk_weights.to(torch.float32).contiguous().view(-1)  # [n * top_k]
-    s13 = _Scales(w13_scale, block_shape, inter, gated=True)
-    s2 = _Scales(w2_scale, block_shape, hidden, gated=False)
+    # MXFP4: one scale a row and 32 columns, addressed as FP8 blocks of 1 x 32
+    s13 = _Scales(w13_scale, (1, 32) if mxfp4 else block_shape, inter, gated=True)
+    s2 = _Scales(w2_scale, (1, 32) if mxfp4 else block_shape, hidden, gated=False)
     pdl = pdl_options(x)
     if decode is None:
         decode = use_decode(n, num_experts, inter, hidden, top_k, device_name(x.device) if x.is_cuda else None, fp8)
@@ -245,19 +277,19 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     sorted_ids, expert_ids, post_pad = moe_align_block_size(ids.view(n, top_k), bm, num_experts)
     max_padded = sorted_ids.numel()
     num_m = triton.cdiv(max_padded, bm)
-    common = dict(FP8=fp8, DOT_F32=x.device.type == "cpu" and (x.dtype != torch.float32 or fp8),
+    common = dict(FP8=fp8, MXFP4=mxfp4, DOT_F32=x.device.type == "cpu" and (x.dtype != torch.float32 or fp8),
                   PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                   GROUP_M=cfg["GROUP_SIZE_M"], NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"], **pdl)
     a1, a1_scale = _quantize(x, block_shape) if fp8 else (x, None)
     _moe_gemm_kernel[(num_m * triton.cdiv(inter, bn),)](
-        a1, w13, act, a1_scale if fp8 else act, s13.tensor if fp8 else act, weights, sorted_ids, expert_ids,
+        a1, w13, act, a1_scale if fp8 else act, s13.tensor if fp8 or mxfp4 else act, weights, sorted_ids, expert_ids,
         post_pad, inter, hidden, n * top_k, max_padded, a1.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
         *_act_scale_strides(a1_scale), *s13.strides, s13.up_row, A_ROW_DIV=top_k, GATED=True, MUL_WEIGHT=False,
         GROUP_N=s13.group_n, GROUP_K=s13.group_k if block_shape is not None else bk, **common)
     a2, a2_scale = _quantize(act, block_shape) if fp8 else (act, None)
     picks = torch.empty(n, top_k, hidden, dtype=x.dtype, device=x.device)  # [n, top_k, H]
     _moe_gemm_kernel[(num_m * triton.cdiv(hidden, bn),)](
-        a2, w2, picks, a2_scale if fp8 else act, s2.tensor if fp8 else act, weights, sorted_ids, expert_ids,
+        a2, w2, picks, a2_scale if fp8 else act, s2.tensor if fp8 or mxfp4 else act, weights, sorted_ids, expert_ids,
         post_pad, hidden, inter, n * top_k, max_padded, a2.stride(0), w2.stride(0), w2.stride(1), hidden,
         *_act_scale_strides(a2_scale), *s2.strides, 0, A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True,
         GROUP_N=s2.group_n, GROUP_K=s2.group_k if block_shape is not None else bk, **common)

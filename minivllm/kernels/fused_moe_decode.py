@@ -6,7 +6,8 @@ its rows at about the same time) and ``BLOCK_N`` gate and up rows of its expert,
 end. Down: one program a token, ``BLOCK_N`` output columns and a group of ``PICKS`` picks, summed in order in
 registers (times the router weights); with fewer picks a group than ``top_k``, each group writes a partial row and
 a sum over the groups follows (more programs reading weights at once when there are few tokens). FP8 weights are
-widened and scaled in registers; the activations stay unquantized. No alignment, no host sync.
+widened and scaled in registers, MXFP4 ones unpacked and scaled there (``mxfp4_dequant.load_mxfp4``); the
+activations stay unquantized. No alignment, no host sync.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.mxfp4_dequant import load_mxfp4
 from minivllm.kernels.pdl import pdl_wait
 
 __all__ = ["fused_moe_decode", "silu_mul"]
@@ -29,8 +31,8 @@ def silu_mul(gate, up):
 @triton.jit
 def _moe_gemv_gate_up_kernel(
     x_ptr,  # [n, K]
-    w_ptr,  # [E, 2N, K] w13: gate rows, then up rows (bf16/fp16/fp32, or FP8 with HAS_SCALE)
-    scale_ptr,  # HAS_SCALE: [E, 2N blocks, K blocks] or [E, 2N] float32; else a dummy
+    w_ptr,  # [E, 2N, K] w13: gate rows, then up rows (bf16/fp16/fp32, FP8 with HAS_SCALE); MXFP4: [E, 2N, K/2] uint8
+    scale_ptr,  # HAS_SCALE: [E, 2N blocks, K blocks] or [E, 2N] float32; MXFP4: [E, 2N, K/32] uint8; else a dummy
     ids_ptr,  # [n * TOP_K] int32
     out_ptr,  # [n * TOP_K, N]: silu(gate) * up
     N,
@@ -45,6 +47,7 @@ def _moe_gemv_gate_up_kernel(
     up_scale_row,
     TOP_K: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    MXFP4: tl.constexpr,
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,  # a multiple of BLOCK_K
     BLOCK_N: tl.constexpr,
@@ -53,7 +56,7 @@ def _moe_gemv_gate_up_kernel(
     USE_PDL: tl.constexpr,
 ):
     """One (token, pick) pair a program row (axis 0), ``BLOCK_N`` gate and up rows of its expert a program.
-    FP8 weights are widened and scaled in registers; the activations stay unquantized."""
+    FP8 and MXFP4 weights are widened and scaled in registers; the activations stay unquantized."""
     pdl_wait(USE_PDL)
     pair = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
@@ -70,8 +73,12 @@ def _moe_gemv_gate_up_kernel(
         kk = k + rk
         x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]  # [1, BK]
         mask = (rn[:, None] < N) & (kk[None, :] < K)
-        gate = tl.load(gate_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)  # [BN, BK]
-        up = tl.load(up_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)  # [BN, BK]
+        if MXFP4:
+            gate = load_mxfp4(gate_rows, gate_s[:, None], kk[None, :], mask, stride_sk)  # [BN, BK]
+            up = load_mxfp4(up_rows, up_s[:, None], kk[None, :], mask, stride_sk)  # [BN, BK]
+        else:
+            gate = tl.load(gate_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)  # [BN, BK]
+            up = tl.load(up_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)  # [BN, BK]
         if HAS_SCALE:
             gate *= tl.load(gate_s + (k // GROUP_K) * stride_sk, mask=rn < N, other=0.0)[:, None]
             up *= tl.load(up_s + (k // GROUP_K) * stride_sk, mask=rn < N, other=0.0)[:, None]
@@ -84,8 +91,8 @@ def _moe_gemv_gate_up_kernel(
 @triton.jit
 def _moe_gemv_down_kernel(
     a_ptr,  # [n * TOP_K, K] the activations
-    w_ptr,  # [E, N, K] w2 (bf16/fp16/fp32, or FP8 with HAS_SCALE)
-    scale_ptr,  # HAS_SCALE: [E, N blocks, K blocks] or [E, N] float32; else a dummy
+    w_ptr,  # [E, N, K] w2 (bf16/fp16/fp32, or FP8 with HAS_SCALE); MXFP4: [E, N, K/2] uint8
+    scale_ptr,  # HAS_SCALE: [E, N blocks, K blocks] or [E, N] float32; MXFP4: [E, N, K/32] uint8; else a dummy
     ids_ptr,  # [n * TOP_K] int32
     topk_w_ptr,  # [n * TOP_K] float32
     out_ptr,  # [n, N], or [n, TOP_K // PICKS, N] with the picks split over programs
@@ -102,6 +109,7 @@ def _moe_gemv_down_kernel(
     TOP_K: tl.constexpr,
     PICKS: tl.constexpr,  # picks a program sums (divides TOP_K)
     HAS_SCALE: tl.constexpr,
+    MXFP4: tl.constexpr,
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -129,8 +137,12 @@ def _moe_gemv_down_kernel(
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         a = tl.load(a_ptr + pair * stride_am + kk, mask=kk < K, other=0.0).to(tl.float32)  # [BK]
         a *= tl.load(topk_w_ptr + pair)
-        w = tl.load(w_ptr + expert * stride_we + w_cols + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K),
-                    other=0.0).to(tl.float32)  # [BN, BK]
+        mask = (rn[:, None] < N) & (kk[None, :] < K)
+        if MXFP4:
+            w = load_mxfp4(w_ptr + expert * stride_we + w_cols, scale_ptr + expert * stride_se + s_cols[:, None],
+                           kk[None, :], mask, stride_sk)  # [BN, BK]
+        else:
+            w = tl.load(w_ptr + expert * stride_we + w_cols + kk[None, :], mask=mask, other=0.0).to(tl.float32)
         if HAS_SCALE:
             w *= tl.load(scale_ptr + expert * stride_se + s_cols + (k // GROUP_K) * stride_sk, mask=rn < N,
                          other=0.0)[:, None]
@@ -148,21 +160,21 @@ def fused_moe_decode(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: 
     ``tiles`` (``fused_moe_config.check_decode_tiles``)."""
     n, hidden = x.shape
     inter, top_k = act.shape[1], ids.numel() // n
-    fp8 = w13.dtype == torch.float8_e4m3fn
+    fp8, mxfp4 = w13.dtype == torch.float8_e4m3fn, w13.dtype == torch.uint8
     (bn1, bk1, st1, wp1), (bn2, bk2, st2, wp2, *split) = tiles
     picks = split[0] if split else top_k
-    # NOTE: a K tile must lie in one scale block
-    bk1, bk2 = min(bk1, s13.group_k), min(bk2, s2.group_k)
+    if not mxfp4:  # NOTE: an FP8 K tile must lie in one scale block; MXFP4 scales each column by its own group
+        bk1, bk2 = min(bk1, s13.group_k), min(bk2, s2.group_k)
     _moe_gemv_gate_up_kernel[(n * top_k, triton.cdiv(inter, bn1))](
-        x, w13, s13.tensor if fp8 else act, ids, act, inter, hidden, x.stride(0), w13.stride(0), w13.stride(1),
-        act.stride(0), *s13.strides, s13.up_row, TOP_K=top_k, HAS_SCALE=fp8, GROUP_N=s13.group_n,
+        x, w13, s13.tensor if fp8 or mxfp4 else act, ids, act, inter, hidden, x.stride(0), w13.stride(0), w13.stride(1),
+        act.stride(0), *s13.strides, s13.up_row, TOP_K=top_k, HAS_SCALE=fp8, MXFP4=mxfp4, GROUP_N=s13.group_n,
         GROUP_K=s13.group_k, BLOCK_N=bn1, BLOCK_K=bk1, NUM_STAGES=st1, num_warps=wp1, **pdl)
     groups = top_k // picks
     # [n, groups, H] partial sums over each group's picks, summed below; one group writes out directly
     partial = out if groups == 1 else torch.empty(n, groups, hidden, dtype=x.dtype, device=x.device)
     _moe_gemv_down_kernel[(n, triton.cdiv(hidden, bn2), groups)](
-        act, w2, s2.tensor if fp8 else act, ids, weights, partial, hidden, inter, act.stride(0), w2.stride(0),
+        act, w2, s2.tensor if fp8 or mxfp4 else act, ids, weights, partial, hidden, inter, act.stride(0), w2.stride(0),
         w2.stride(1), partial.stride(0), partial.stride(1) if groups > 1 else 0, *s2.strides, TOP_K=top_k,
-        PICKS=picks, HAS_SCALE=fp8, GROUP_N=s2.group_n, GROUP_K=s2.group_k, BLOCK_N=bn2, BLOCK_K=bk2,
+        PICKS=picks, HAS_SCALE=fp8, MXFP4=mxfp4, GROUP_N=s2.group_n, GROUP_K=s2.group_k, BLOCK_N=bn2, BLOCK_K=bk2,
         NUM_STAGES=st2, num_warps=wp2, **pdl)
     return out if groups == 1 else torch.sum(partial, dim=1, out=out)

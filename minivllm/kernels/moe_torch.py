@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minivllm.kernels.mxfp4 import dequantize_mxfp4
 from minivllm.kernels.torch_backend import dequantize_weight_fp8_ref
 
 
@@ -41,10 +42,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
 
     FP8 experts (``fused_moe_triton``'s arguments: float8_e4m3fn ``w13``/``w2``, their scales per output channel
     or per ``block_shape`` block): each picked expert's weights are dequantized to ``x``'s dtype, and the
-    activations stay unquantized, as the Triton decode path runs them.
+    activations stay unquantized, as the Triton decode path runs them. MXFP4 experts (uint8 ``w13`` [E, 2I, H/2]
+    and ``w2`` [E, H, I/2], two e2m1 values a byte, with uint8 e8m0 scales [E, 2I, H/32] and [E, H, I/32]) are
+    dequantized the same way (``kernels/mxfp4.py``).
     """
     n, _ = x.shape  # x: [n, H]
-    num_experts, top_k, inter = w13.shape[0], topk_ids.shape[1], w2.shape[2]
+    num_experts, top_k, inter = w13.shape[0], topk_ids.shape[1], w13.shape[1] // 2
     out = torch.zeros(n, x.shape[1], dtype=torch.float32, device=x.device)  # [n, H]
     flat_ids = topk_ids.reshape(-1).long()  # [n * k]
     order = torch.argsort(flat_ids, stable=True)  # picks grouped by expert, tokens in order within one
@@ -71,7 +74,10 @@ def dequantize_expert(w8: torch.Tensor, scale: torch.Tensor, block: tuple[int, i
                       dtype: torch.dtype, gated: bool = False) -> torch.Tensor:
     """Expert ``expert``'s weight (``[N, K]`` in ``dtype``) from stacked FP8 ones ``w8`` [E, N, K] and their
     scales (``[E, N]`` per channel, ``[E, N blocks, K blocks]`` per block). ``gated``: ``w13``, whose gate and
-    up halves have their own blocks, the gate's stacked first."""
+    up halves have their own blocks, the gate's stacked first. MXFP4 (uint8 ``w8`` [E, N, K/2], ``scale``
+    [E, N, K/32]): ``dequantize_mxfp4``."""
+    if w8.dtype == torch.uint8:
+        return dequantize_mxfp4(w8[expert], scale[expert], dtype)
     if not gated or block is None:
         return dequantize_weight_fp8_ref(w8[expert], scale[expert], block, dtype)
     inter, half = w8.shape[1] // 2, scale.shape[1] // 2

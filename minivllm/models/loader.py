@@ -13,9 +13,10 @@ from torch import nn
 
 def load_model_weights(model: nn.Module, mc) -> None:
     """The weights ``mc`` (a ``ModelConfig``) asks for: the checkpoint's or dummy ones, FP8 where it says."""
-    from minivllm.layers.quantization import apply_quantization, process_weights_after_loading
+    from minivllm.layers.quantization import apply_mxfp4, apply_quantization, process_weights_after_loading
 
     apply_quantization(model, mc.fp8, checkpoint_weights=mc.load_format != "dummy")
+    apply_mxfp4(model, mc.mxfp4, checkpoint_weights=mc.load_format != "dummy")
     if mc.load_format == "dummy":
         init_dummy_weights(model, seed=mc.seed)
     else:
@@ -66,16 +67,22 @@ def load_weights(model: nn.Module, path: str) -> None:
 
 
 _EXPERT_WEIGHT = re.compile(r"(.*\.experts)\.(\d+)\.([^.]+)\.weight(_scale(?:_inv)?)?")
+#: gpt-oss's MXFP4 experts: one tensor of blocks and one of scales a projection, for all the experts
+_MXFP4_EXPERTS = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)_(blocks|scales)")
 
 
 def _target(model: nn.Module, name: str, packed: dict) -> tuple[str, tuple]:
     """Our parameter for checkpoint tensor ``name``, and the extra arguments of its ``weight_loader``: a fused
     layer's shard id (q/k/v, gate/up), or an expert's ``(expert_id, shard)`` in a MoE layer's stacked weights
     (the model's ``expert_params_mapping``: ``mlp.experts.3.up_proj.weight`` -> ``mlp.experts.w13_weight``,
-    ``(3, "up")``; its FP8 scale ``weight_scale_inv`` -> ``w13_weight_scale``). The model's
+    ``(3, "up")``; its FP8 scale ``weight_scale_inv`` -> ``w13_weight_scale``; gpt-oss's MXFP4
+    ``mlp.experts.gate_up_proj_blocks`` / ``_scales`` -> ``w13_weight`` / ``w13_weight_scale``). The model's
     ``checkpoint_substr_mapping`` renames parts of the name first."""
     for hf_part, ours in getattr(model, "checkpoint_substr_mapping", {}).items():
         name = name.replace(hf_part, ours)
+    if m := _MXFP4_EXPERTS.fullmatch(name):  # whole stacked tensors: no shard arguments
+        return f"{m.group(1)}.{'w13' if m.group(2) == 'gate_up_proj' else 'w2'}_weight" + (
+            "_scale" if m.group(3) == "scales" else ""), ()
     experts = getattr(model, "expert_params_mapping", None)
     if experts and (m := _EXPERT_WEIGHT.fullmatch(name)) and m.group(3) in experts:
         shard = experts[m.group(3)]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from minivllm.config.quantization import Fp8Config, fp8_config
+from minivllm.config.quantization import Fp8Config, Mxfp4Config, fp8_config
 from minivllm.layers.quantization.fp8 import Fp8LinearMethod
 from minivllm.layers.quantization.fp8_moe import Fp8MoEMethod
+from minivllm.layers.quantization.mxfp4_moe import Mxfp4MoEMethod
 
-__all__ = ["Fp8Config", "Fp8LinearMethod", "Fp8MoEMethod", "apply_quantization", "fp8_config",
-           "process_weights_after_loading"]
+__all__ = ["Fp8Config", "Fp8LinearMethod", "Fp8MoEMethod", "Mxfp4Config", "Mxfp4MoEMethod", "apply_mxfp4",
+           "apply_quantization", "fp8_config", "process_weights_after_loading"]
 
 
 def apply_quantization(model: nn.Module, config: Fp8Config | None, checkpoint_weights: bool) -> None:
@@ -30,6 +31,27 @@ def apply_quantization(model: nn.Module, config: Fp8Config | None, checkpoint_we
         module.quant_method = method
         if config.from_checkpoint and checkpoint_weights:
             method.create_weights(module)
+
+
+def apply_mxfp4(model: nn.Module, config: Mxfp4Config | None, checkpoint_weights: bool) -> None:
+    """Give the experts of every mixture-of-experts layer ``config``'s MXFP4 method, with packed parameters to
+    load into when the weights come from the checkpoint (``checkpoint_weights``; dummy weights are quantized
+    after). ValueError for a model without one: an MXFP4 checkpoint quantizes experts only."""
+    if config is None:
+        return
+    from minivllm.layers.fused_moe import FusedMoE
+
+    layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    if not layers:
+        raise ValueError(f"an mxfp4 checkpoint quantizes mixture-of-experts experts, and {type(model).__name__} "
+                         "has none")
+    method = Mxfp4MoEMethod(config)
+    for layer in layers:
+        layer.quant_method = method
+        if checkpoint_weights:
+            method.create_weights(layer)
+        else:
+            method.check_layer(layer)
 
 
 def process_weights_after_loading(model: nn.Module) -> None:
