@@ -46,14 +46,14 @@ MOE_GEMM_PTRS = {"c_ptr": "*bf16", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32
                  "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "post_pad_ptr": "*i32"}
 
 
-def _moe_gemm(fp8: bool, gated: bool, bm: int, bn: int) -> dict:
-    return {"A_ROW_DIV": 8 if gated else 1, "GATED": gated, "MUL_WEIGHT": not gated, "FP8": fp8,
+def _moe_gemm(fp8: bool, gated: bool, bm: int, bn: int, mxfp4: bool = False) -> dict:
+    return {"A_ROW_DIV": 8 if gated else 1, "GATED": gated, "MUL_WEIGHT": not gated, "FP8": fp8, "MXFP4": mxfp4,
             "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 64, "DOT_F32": False, "PRECISION": "tf32",
             "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_STAGES": 3, "USE_PDL": True}
 
 
-def _moe_gemv(fp8: bool, picks: int | None = None) -> dict:
-    return {"TOP_K": 8, **({} if picks is None else {"PICKS": picks}), "HAS_SCALE": fp8, "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 1 << 30,
+def _moe_gemv(fp8: bool, picks: int | None = None, mxfp4: bool = False) -> dict:
+    return {"TOP_K": 8, **({} if picks is None else {"PICKS": picks}), "HAS_SCALE": fp8, "MXFP4": mxfp4, "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 1 << 30,
             "BLOCK_N": 4, "BLOCK_K": 128 if fp8 else 256, "NUM_STAGES": 4, "USE_PDL": True}
 
 
@@ -93,6 +93,20 @@ MOE_KERNELS = [
                                                       "out_ptr": "*bf16"}, _moe_gemv(fp8, picks)),
        _moe_gemv(fp8, picks))
       for fp8 in (False, True) for picks in (8, 1)],
+    # MXFP4 experts (gpt-oss): packed uint8 weights and e8m0 scales, dequantized in registers, bf16 activations
+    *[(f"MoE grouped GEMM {'1 (gate/up + SiLU-and-mul)' if gated else '2 (down)'}, {bm}x{bn}, MXFP4 (PDL)",
+       fused_moe._moe_gemm_kernel,
+       _ints(fused_moe._moe_gemm_kernel, {**MOE_GEMM_PTRS, "a_ptr": "*bf16", "b_ptr": "*u8", "b_scale_ptr": "*u8"},
+             _moe_gemm(False, gated, bm, bn, True)), _moe_gemm(False, gated, bm, bn, True))
+      for gated in (True, False) for bm, bn in ((16, 64), (64, 128))],
+    ("MoE decode GEMV gate/up, MXFP4 (PDL)", fused_moe_decode._moe_gemv_gate_up_kernel,
+     _ints(fused_moe_decode._moe_gemv_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*u8",
+                                                       "ids_ptr": "*i32", "out_ptr": "*bf16"},
+           _moe_gemv(False, mxfp4=True)), _moe_gemv(False, mxfp4=True)),
+    ("MoE decode GEMV down, 4 picks a program, MXFP4 (PDL)", fused_moe_decode._moe_gemv_down_kernel,
+     _ints(fused_moe_decode._moe_gemv_down_kernel, {"a_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*u8",
+                                                    "ids_ptr": "*i32", "topk_w_ptr": "*fp32", "out_ptr": "*bf16"},
+           _moe_gemv(False, 4, True)), _moe_gemv(False, 4, True)),
 ]
 AR_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "cap": "i32", "ptrs": "*i64", "counters": "*i32"}
 NORM_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32", "D": "i32", "eps": "fp32",

@@ -137,12 +137,12 @@ def _moe_gemv_down_kernel(
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         a = tl.load(a_ptr + pair * stride_am + kk, mask=kk < K, other=0.0).to(tl.float32)  # [BK]
         a *= tl.load(topk_w_ptr + pair)
-        mask = (rn[:, None] < N) & (kk[None, :] < K)
         if MXFP4:
             w = load_mxfp4(w_ptr + expert * stride_we + w_cols, scale_ptr + expert * stride_se + s_cols[:, None],
-                           kk[None, :], mask, stride_sk)  # [BN, BK]
+                           kk[None, :], (rn[:, None] < N) & (kk[None, :] < K), stride_sk)  # [BN, BK]
         else:
-            w = tl.load(w_ptr + expert * stride_we + w_cols + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + expert * stride_we + w_cols + kk[None, :],
+                        mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0).to(tl.float32)  # [BN, BK]
         if HAS_SCALE:
             w *= tl.load(scale_ptr + expert * stride_se + s_cols + (k // GROUP_K) * stride_sk, mask=rn < N,
                          other=0.0)[:, None]
