@@ -10,7 +10,7 @@ router logits, so the loads are near uniform. The grouped path's tiles come from
 (``tune_fused_moe.py``) or the default.
 
     python benchmarks/kernels/fused_moe_bench.py [--models qwen3-30b-a3b mixtral-8x7b] [--ms 1 8 256 4096]
-        [--tp 1] [--fp8 block|channel] [--no-torch] [--decode-tiles 4x256x4x2,4x256x4x2]
+        [--tp 1] [--fp8 block|channel | --mxfp4] [--no-torch] [--decode-tiles 4x256x4x2,4x256x4x2]
 """
 
 from __future__ import annotations
@@ -44,12 +44,15 @@ def main() -> int:
     ap.add_argument("--ms", type=int, nargs="+", default=MS)
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size: each rank holds I / tp")
     ap.add_argument("--fp8", choices=["block", "channel"], default=None, help="FP8 experts (no torch column)")
+    ap.add_argument("--mxfp4", action="store_true", help="MXFP4 experts, as gpt-oss stores them (no torch column)")
     ap.add_argument("--decode-up-to", type=int, default=64, help="time the decode path up to this many pairs")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch column")
     ap.add_argument("--decode-tiles", type=parse_decode_tiles, default=None,
                     help="the decode kernels' tiles, gate/up then down: BNxBKxSTAGESxWARPS,BNxBKxSTAGESxWARPS[xPICKS] "
                          "(default: the tuned decode file, else fused_moe_config.decode_config's default)")
     args = ap.parse_args()
+    if args.mxfp4 and args.fp8:
+        ap.error("--mxfp4 and --fp8 are two weight formats: pick one")
     if not torch.cuda.is_available():
         print("fused_moe_bench.py needs a CUDA GPU; nothing to do on this machine.")
         return 0
@@ -67,15 +70,16 @@ def bench_model(model: str, args) -> None:
     from minivllm.kernels.fused_moe_config import device_name, use_decode
 
     shape = MoeShape.of(model, args.tp)
-    w13, w2, kw = make_weights(shape, args.fp8)
+    w13, w2, kw = make_weights(shape, args.fp8, mxfp4=args.mxfp4)
     torch_moe = None
-    if not args.no_torch and args.fp8 is None:
+    if not args.no_torch and args.fp8 is None and not args.mxfp4:
         try:
             from minivllm.kernels.moe_torch import fused_moe as torch_moe
         except ImportError:
             print("minivllm.kernels.moe_torch is not in this checkout: no torch column")
     print(f"\n{model} on {torch.cuda.get_device_name()}: E={shape.num_experts} top-{shape.top_k} H={shape.hidden} "
-          f"I={shape.inter} (TP={args.tp}) {'fp8 ' + args.fp8 if args.fp8 else 'bf16'}; us per layer")
+          f"I={shape.inter} (TP={args.tp}) {'fp8 ' + args.fp8 if args.fp8 else 'mxfp4' if args.mxfp4 else 'bf16'}; "
+          "us per layer")
     print(f"{'M':>6}{'torch':>10}{'auto':>10}{'path':>9}{'grouped':>10}{'decode':>10}{'GB/s':>8}{'TFLOP/s':>9}"
           f"{'x torch':>9}")
     def path_decode(m: int) -> bool:
@@ -98,7 +102,7 @@ def bench_model(model: str, args) -> None:
         if torch_moe is not None:
             t_torch = event_median_us(lambda x=x, weights=weights, ids=ids: torch_moe(x, w13, w2, weights, ids),
                                       iters=10)
-        gb = weight_bytes_read(shape, ids, args.fp8 is not None) / 1e9
+        gb = weight_bytes_read(shape, ids, args.fp8 is not None, args.mxfp4) / 1e9
         print(f"{m:>6}{_cell(t_torch)}{_cell(auto)}{'decode' if path_decode(m) else 'grouped':>9}"
               f"{_cell(grouped)}{_cell(decode)}{gb / auto * 1e6:>8.0f}{shape.flops(m) / auto / 1e6:>9.1f}"
               f"{t_torch / auto if t_torch else float('nan'):>8.2f}x", flush=True)

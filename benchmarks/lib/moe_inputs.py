@@ -1,5 +1,5 @@
 """Inputs of one MoE layer for the fused MoE benchmark and tuning scripts (CUDA): the shipped models' shapes,
-random bf16 or FP8 experts, activations and a routing from random router logits (near-uniform expert loads, as a
+random bf16, FP8 or MXFP4 experts, activations and a routing from random router logits (near-uniform expert loads, as a
 trained router's are on average)."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ MODELS = {
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "mixtral-8x7b": (8, 2, 4096, 14336),
     "olmoe-1b-7b": (64, 8, 2048, 1024),
+    "gpt-oss-20b": (32, 4, 2880, 2880),  # MXFP4 experts (--mxfp4)
+    "gpt-oss-120b": (128, 4, 2880, 2880),
 }
 FP8_BLOCK = (128, 128)  # Qwen3-30B-A3B-FP8's weight_block_size
 
@@ -36,13 +38,24 @@ class MoeShape:
         return 2.0 * m * self.top_k * 3 * self.hidden * self.inter
 
 
-def make_weights(shape: MoeShape, fp8: str | None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def make_weights(shape: MoeShape, fp8: str | None, seed: int = 0,
+                 mxfp4: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """``(w13 [E, 2I, H], w2 [E, H, I], kwargs)``: bf16, or e4m3 (``fp8`` "block": 128 x 128 block scales,
-    "channel": per output channel) with the ``fused_moe_triton`` keyword arguments of their scales."""
+    "channel": per output channel), or packed MXFP4 (``mxfp4``: uint8 ``[E, N, K/2]``), with the
+    ``fused_moe_triton`` keyword arguments of their scales."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     e, h, i = shape.num_experts, shape.hidden, shape.inter
     w13 = torch.randn(e, 2 * i, h, device="cuda", generator=g, dtype=torch.bfloat16) / h**0.5
     w2 = torch.randn(e, h, i, device="cuda", generator=g, dtype=torch.bfloat16) / i**0.5
+    if mxfp4:
+        from minivllm.kernels.mxfp4 import quantize_mxfp4
+
+        packed = []
+        for w in (w13, w2):  # one expert at a time: the quantizer's temporaries are several times the weights
+            parts = [quantize_mxfp4(w[j]) for j in range(e)]
+            packed.append((torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])))
+        (b13, s13), (b2, s2) = packed
+        return b13, b2, {"w13_scale": s13, "w2_scale": s2}
     if fp8 is None:
         return w13, w2, {}
     from minivllm.kernels.moe_fp8_weights import quantize_moe_weights_fp8
@@ -63,7 +76,8 @@ def make_tokens(shape: MoeShape, m: int, seed: int = 0) -> tuple[torch.Tensor, t
     return x, weights, ids
 
 
-def weight_bytes_read(shape: MoeShape, ids: torch.Tensor, fp8: bool) -> int:
-    """The expert weight bytes a step must read at least: every expert some token picked, once."""
+def weight_bytes_read(shape: MoeShape, ids: torch.Tensor, fp8: bool, mxfp4: bool = False) -> float:
+    """The expert weight bytes a step must read at least: every expert some token picked, once (MXFP4: half a
+    byte a weight and a byte of scale a 32)."""
     used = ids.unique().numel()
-    return used * 3 * shape.hidden * shape.inter * (1 if fp8 else 2)
+    return used * 3 * shape.hidden * shape.inter * ((0.5 + 1 / 32) if mxfp4 else 1 if fp8 else 2)
