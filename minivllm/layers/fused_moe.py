@@ -24,7 +24,9 @@ class FusedMoE(nn.Module):
 
     FP8 experts (``quant_method``, set by ``quantization.apply_quantization``): ``w13_weight`` and ``w2_weight`` in
     float8_e4m3fn with ``w13_weight_scale`` / ``w2_weight_scale`` per output channel, or per ``block_shape``
-    block (``layers/quantization/fp8_moe.py``).
+    block (``layers/quantization/fp8_moe.py``). MXFP4 experts (gpt-oss's checkpoints): ``w13_weight`` uint8
+    ``[E, 2 * I_rank, H / 2]`` and ``w2_weight`` uint8 ``[E, H, I_rank / 2]`` with uint8 e8m0 scales, one a row
+    and 32 columns (``layers/quantization/mxfp4_moe.py``).
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
