@@ -353,3 +353,22 @@ def test_gpt_oss_layout_helper_interleaves_gate_and_up():
                                         dtype=torch.float32)  # [E, H, 2I]
     assert torch.equal(theirs[..., ::2].transpose(1, 2), dequantize_mxfp4(*quantize_mxfp4(gate)))
     assert torch.equal(theirs[..., 1::2].transpose(1, 2), dequantize_mxfp4(*quantize_mxfp4(up)))
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_triton_branch_of_a_loaded_mxfp4_layer(mxfp4_checkpoints, monkeypatch):
+    """attention_backend='triton' under the interpreter: a loaded layer's Triton branch (decode at one row, grouped
+    at 24) passes its packed experts and scales to the kernels and equals its torch path."""
+    gpu_rounding_in_interpreter(monkeypatch)
+    with LLM(mxfp4_checkpoints[0], attention_backend="triton", **KW) as llm:
+        layer = _experts(llm)[0]
+        assert layer.backend == "triton" and layer.w13_weight.dtype == torch.uint8
+        g = torch.Generator().manual_seed(0)
+        for n in (1, 24):
+            x, logits = torch.randn(n, 64, generator=g), torch.randn(n, 8, generator=g)
+            got = layer(x, logits)
+            layer.backend = "torch"
+            want = layer(x, logits)
+            layer.backend = "triton"
+            assert rel_err(got, want) < 1e-5, n
