@@ -316,12 +316,13 @@ def test_triton_mxfp4_equals_the_dequantized_reference(m, num_experts, top_k, de
 @pytest.mark.triton
 def test_triton_mxfp4_ragged_tiles_and_split_picks(monkeypatch):
     """I = 96 over 64-row tiles (a partial last tile), K tiles of 128 past H = 96 (masked columns) on the grouped
-    path; the decode down kernel's picks split in groups of two."""
+    path; the decode down kernel's picks split in groups of two; decode K tiles of 16 (raised to one group)."""
     gpu_rounding_in_interpreter(monkeypatch)
     _check_triton(21, 8, 2, torch.float32, False, hidden=96, inter=96, config={**SMALL_TILES, "BLOCK_SIZE_N": 64,
                                                                               "BLOCK_SIZE_K": 128})
     _check_triton(2, 16, 4, torch.bfloat16, True, hidden=96, inter=96,
                   decode_tiles=((64, 128, 1, 4), (32, 64, 1, 4, 2)))
+    _check_triton(2, 8, 2, torch.float32, True, decode_tiles=((16, 16, 1, 4), (16, 16, 1, 4)))  # K tiles -> 32
 
 
 @pytest.mark.triton

@@ -103,6 +103,7 @@ def _moe_gemm_kernel(
     a_row = (pair // A_ROW_DIV).to(tl.int64)  # [BM]
     a_rows = a_ptr + a_row[:, None] * stride_am  # [BM, 1]
     b_cols = b_ptr + expert * stride_be + rn[None, :].to(tl.int64) * stride_bn  # [1, BN]
+    b_rows = b_ptr + expert * stride_be + rn[:, None].to(tl.int64) * stride_bn  # [BN, 1] (MXFP4)
     as_rows = a_scale_ptr + a_row * stride_asm  # [BM] (FP8)
     bs_cols = b_scale_ptr + expert * stride_bse + (rn // GROUP_N) * stride_bsn  # [BN] (FP8)
     bs_up = bs_cols + up_scale_row * stride_bsn
@@ -113,7 +114,8 @@ def _moe_gemm_kernel(
         a = tl.load(a_rows + kk[None, :], mask=valid[:, None] & (kk[None, :] < K), other=0.0)  # [BM, BK]
         b_mask = (kk[:, None] < K) & (rn[None, :] < N)
         if MXFP4:
-            b = load_mxfp4(b_cols, bs_cols[None, :], kk[:, None], b_mask, stride_bsk).to(a.dtype)  # [BK, BN]
+            b = tl.trans(load_mxfp4(b_rows, bs_cols[:, None], k, K, rn[:, None] < N, stride_bsk, BLOCK_K))
+            b = b.to(a.dtype)  # [BK, BN]
         else:
             b = tl.load(b_cols + kk[:, None], mask=b_mask, other=0.0)  # [BK, BN]
         if DOT_F32:  # Triton runs on CPU tensors only in its interpreter, whose bf16/fp16/fp8 dot is wrong
@@ -128,7 +130,8 @@ def _moe_gemm_kernel(
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
         if GATED:
             if MXFP4:
-                up = load_mxfp4(b_cols + N * stride_bn, bs_up[None, :], kk[:, None], b_mask, stride_bsk).to(a.dtype)
+                up = tl.trans(load_mxfp4(b_rows + N * stride_bn, bs_up[:, None], k, K, rn[:, None] < N, stride_bsk,
+                                         BLOCK_K)).to(a.dtype)  # [BK, BN]
             else:
                 up = tl.load(b_cols + N * stride_bn + kk[:, None], mask=b_mask, other=0.0)  # [BK, BN]
             if DOT_F32:
@@ -274,6 +277,8 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
     if fp8 and block_shape is not None:
         bk = min(bk, block_shape[1])  # NOTE: a K tile must lie in one scale block
+    if mxfp4:
+        bk = max(bk, 32)  # NOTE: an MXFP4 K tile holds whole groups of 32 columns
     sorted_ids, expert_ids, post_pad = moe_align_block_size(ids.view(n, top_k), bm, num_experts)
     max_padded = sorted_ids.numel()
     num_m = triton.cdiv(max_padded, bm)

@@ -74,8 +74,8 @@ def _moe_gemv_gate_up_kernel(
         x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]  # [1, BK]
         mask = (rn[:, None] < N) & (kk[None, :] < K)
         if MXFP4:
-            gate = load_mxfp4(gate_rows, gate_s[:, None], kk[None, :], mask, stride_sk)  # [BN, BK]
-            up = load_mxfp4(up_rows, up_s[:, None], kk[None, :], mask, stride_sk)  # [BN, BK]
+            gate = load_mxfp4(gate_rows, gate_s[:, None], k, K, rn[:, None] < N, stride_sk, BLOCK_K)  # [BN, BK]
+            up = load_mxfp4(up_rows, up_s[:, None], k, K, rn[:, None] < N, stride_sk, BLOCK_K)  # [BN, BK]
         else:
             gate = tl.load(gate_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)  # [BN, BK]
             up = tl.load(up_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)  # [BN, BK]
@@ -139,7 +139,7 @@ def _moe_gemv_down_kernel(
         a *= tl.load(topk_w_ptr + pair)
         if MXFP4:
             w = load_mxfp4(w_ptr + expert * stride_we + w_cols, scale_ptr + expert * stride_se + s_cols[:, None],
-                           kk[None, :], (rn[:, None] < N) & (kk[None, :] < K), stride_sk)  # [BN, BK]
+                           k, K, rn[:, None] < N, stride_sk, BLOCK_K)  # [BN, BK]
         else:
             w = tl.load(w_ptr + expert * stride_we + w_cols + kk[None, :],
                         mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0).to(tl.float32)  # [BN, BK]
@@ -163,7 +163,9 @@ def fused_moe_decode(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: 
     fp8, mxfp4 = w13.dtype == torch.float8_e4m3fn, w13.dtype == torch.uint8
     (bn1, bk1, st1, wp1), (bn2, bk2, st2, wp2, *split) = tiles
     picks = split[0] if split else top_k
-    if not mxfp4:  # NOTE: an FP8 K tile must lie in one scale block; MXFP4 scales each column by its own group
+    if mxfp4:  # NOTE: an MXFP4 K tile holds whole groups of 32 columns (any number of them)
+        bk1, bk2 = max(bk1, 32), max(bk2, 32)
+    else:  # NOTE: an FP8 K tile must lie in one scale block
         bk1, bk2 = min(bk1, s13.group_k), min(bk2, s2.group_k)
     _moe_gemv_gate_up_kernel[(n * top_k, triton.cdiv(inter, bn1))](
         x, w13, s13.tensor if fp8 or mxfp4 else act, ids, act, inter, hidden, x.stride(0), w13.stride(0), w13.stride(1),

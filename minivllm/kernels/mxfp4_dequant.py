@@ -28,12 +28,17 @@ def e8m0_to_float(s):
 
 
 @triton.jit
-def load_mxfp4(w_row, s_row, kk, mask, stride_sk):
-    """Float32 weights at input columns ``kk`` of the rows whose packed bytes start at ``w_row`` and scales at
-    ``s_row`` (``w_row``, ``s_row`` and ``kk`` broadcast to the tile's shape: ``[BN, 1]`` and ``[1, BK]``, or
-    ``[1, BN]`` and ``[BK, 1]``). Column ``k``'s value is byte ``k // 2``'s low nibble (``k`` even) or high
-    one, times the scale of group ``k // 32``; masked-out entries are 0."""
-    byte = tl.load(w_row + kk // 2, mask=mask, other=0).to(tl.int32)
-    nibble = (byte >> ((kk % 2) * 4)) & 0xF
-    s = tl.load(s_row + (kk // 32) * stride_sk, mask=mask, other=0).to(tl.int32)
-    return e2m1_to_float(nibble) * e8m0_to_float(s)
+def load_mxfp4(w_rows, s_rows, k0, K, row_mask, stride_sk, BLOCK_K: tl.constexpr):
+    """Float32 weights ``[BN, BLOCK_K]``: columns ``[k0, k0 + BLOCK_K)`` of the rows whose packed bytes start
+    at ``w_rows`` and scales at ``s_rows`` (``[BN, 1]`` pointers; ``row_mask`` ``[BN, 1]``). ``k0`` and
+    ``BLOCK_K`` are multiples of 32, so the tile holds whole scale groups. The bytes load as one contiguous run
+    a row (vectorized); byte ``j``'s low nibble is column ``2j``, its high nibble ``2j + 1`` (joined, then
+    flattened); each group of 32 columns is multiplied by its scale. Columns past ``K`` are 0."""
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # [BK/2] byte columns
+    byte = tl.load(w_rows + kb[None, :], mask=row_mask & (kb[None, :] < K // 2), other=0).to(tl.int32)  # [BN, BK/2]
+    values = tl.join(e2m1_to_float(byte & 0xF), e2m1_to_float(byte >> 4))  # [BN, BK/2, 2]
+    kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)  # [BK/32] scale groups
+    s = tl.load(s_rows + kg[None, :] * stride_sk, mask=row_mask & (kg[None, :] < K // 32), other=0)  # [BN, BK/32]
+    values = tl.reshape(values, [values.shape[0], BLOCK_K // 32, 32])  # [BN, BK/32, 32]
+    values = values * e8m0_to_float(s.to(tl.int32))[:, :, None]
+    return tl.reshape(values, [values.shape[0], BLOCK_K])
