@@ -229,6 +229,21 @@ def test_checkpoint_quantization_config():
         apply_mxfp4(torch.nn.Linear(4, 4), Mxfp4Config(), True)
 
 
+@pytest.mark.parametrize("mapping", [{}, {".experts.gate_up_proj": ".experts.w13_weight",
+                                         ".experts.down_proj": ".experts.w2_weight"}])
+def test_loader_maps_gpt_oss_mxfp4_names(mapping):
+    """``mlp.experts.{gate_up,down}_proj_{blocks,scales}`` -> the layer's packed weights and scales, whole (no
+    shard arguments); also after a model's renames of the bf16 names (gpt-oss's ``checkpoint_substr_mapping``
+    turns ``gate_up_proj_blocks`` into ``w13_weight_blocks``)."""
+    from minivllm.models.loader import _target
+
+    model = type("M", (torch.nn.Module,), {"checkpoint_substr_mapping": mapping})()
+    prefix = "model.layers.3.mlp.experts"
+    for name, want in (("gate_up_proj_blocks", "w13_weight"), ("gate_up_proj_scales", "w13_weight_scale"),
+                       ("down_proj_blocks", "w2_weight"), ("down_proj_scales", "w2_weight_scale")):
+        assert _target(model, f"{prefix}.{name}", {}) == (f"{prefix}.{want}", ())
+
+
 # ------------------------------------------------------------------ a model with MXFP4 experts
 
 @pytest.fixture(scope="module")

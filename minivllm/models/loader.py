@@ -67,8 +67,9 @@ def load_weights(model: nn.Module, path: str) -> None:
 
 
 _EXPERT_WEIGHT = re.compile(r"(.*\.experts)\.(\d+)\.([^.]+)\.weight(_scale(?:_inv)?)?")
-#: gpt-oss's MXFP4 experts: one tensor of blocks and one of scales a projection, for all the experts
-_MXFP4_EXPERTS = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)_(blocks|scales)")
+#: gpt-oss's MXFP4 experts: one tensor of blocks and one of scales a projection, for all the experts (the
+#: projection's name as stored, or as a model's ``checkpoint_substr_mapping`` renamed it to ours)
+_MXFP4_EXPERTS = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj|w13_weight|w2_weight)_(blocks|scales)")
 
 
 def _target(model: nn.Module, name: str, packed: dict) -> tuple[str, tuple]:
@@ -81,7 +82,7 @@ def _target(model: nn.Module, name: str, packed: dict) -> tuple[str, tuple]:
     for hf_part, ours in getattr(model, "checkpoint_substr_mapping", {}).items():
         name = name.replace(hf_part, ours)
     if m := _MXFP4_EXPERTS.fullmatch(name):  # whole stacked tensors: no shard arguments
-        return f"{m.group(1)}.{'w13' if m.group(2) == 'gate_up_proj' else 'w2'}_weight" + (
+        return f"{m.group(1)}.{'w13' if m.group(2) in ('gate_up_proj', 'w13_weight') else 'w2'}_weight" + (
             "_scale" if m.group(3) == "scales" else ""), ()
     experts = getattr(model, "expert_params_mapping", None)
     if experts and (m := _EXPERT_WEIGHT.fullmatch(name)) and m.group(3) in experts:
