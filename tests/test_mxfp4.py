@@ -11,6 +11,7 @@ output's largest magnitude, bfloat16 to a relative error of 5e-3 (tests/test_fus
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -193,6 +194,38 @@ def test_layer_loads_gpt_oss_blocks_gate_first_and_each_rank_its_slice():
         assert torch.equal(part.w2_weight_scale, full.w2_weight_scale[:, :, rank:rank + 1])
 
 
+def test_moe_model_packs_its_experts_when_built(mxfp4_checkpoints):
+    """A Qwen3-MoE built from an MXFP4 config holds packed experts from construction (each layer's float experts
+    freed as soon as it is built, so the model never holds them all); the dense layer and the routers are float."""
+    import json
+
+    from minivllm.config.hf import arch_from_dict
+    from minivllm.models.registry import get_model_class
+
+    cfg = arch_from_dict(json.loads((Path(mxfp4_checkpoints[0]) / "config.json").read_text()))
+    model = get_model_class(cfg.architecture)(cfg)
+    layers = [m for m in model.modules() if type(m).__name__ == "FusedMoE"]
+    assert len(layers) == 2 and all({p.dtype for p in m.parameters()} == {torch.uint8} for m in layers)
+    assert model.model.layers[1].mlp.gate_up_proj.weight.dtype == torch.float32
+
+
+def test_float_experts_are_quantized_after_loading():
+    """A layer that loaded float experts (a model that does not pack them when built, with dummy weights):
+    ``process_weights_after_loading`` packs them one expert at a time, as ``quantize_mxfp4`` packs them all."""
+    from minivllm.layers.fused_moe import FusedMoE
+    from minivllm.layers.quantization import Mxfp4MoEMethod
+
+    layer = FusedMoE(4, 2, 64, 32, True)
+    w13, w2 = moe_weights(4, 64, 32, torch.float32)
+    layer.w13_weight.data.copy_(w13)
+    layer.w2_weight.data.copy_(w2)
+    Mxfp4MoEMethod(Mxfp4Config()).process_weights_after_loading(layer)
+    for w, blocks, scales in ((w13, layer.w13_weight, layer.w13_weight_scale),
+                              (w2, layer.w2_weight, layer.w2_weight_scale)):
+        want_b, want_s = quantize_mxfp4(w)
+        assert torch.equal(blocks, want_b) and torch.equal(scales, want_s)
+
+
 def test_loading_errors_are_named():
     from minivllm.layers.fused_moe import FusedMoE
     from minivllm.layers.quantization import Mxfp4MoEMethod
@@ -269,10 +302,12 @@ def test_mxfp4_checkpoint_gives_the_dequantized_experts_tokens(mxfp4_checkpoints
 
 
 def test_dummy_weights_with_an_mxfp4_config_are_packed(mxfp4_checkpoints):
-    """``load_format="dummy"`` (the benchmarks): random experts quantized to MXFP4 when loaded; generation runs."""
+    """``load_format="dummy"`` (the benchmarks): random e2m1 codes at scale 2^-7 in the packed experts (not all
+    one code); generation runs."""
     with LLM(mxfp4_checkpoints[0], load_format="dummy", **KW) as llm:
-        assert all(m.w13_weight.dtype == torch.uint8 and m.w2_weight_scale.shape == (8, 64, 1)
-                   for m in _experts(llm))
+        for m in _experts(llm):
+            assert m.w13_weight.dtype == torch.uint8 and m.w2_weight_scale.shape == (8, 64, 1)
+            assert m.w13_weight.unique().numel() > 200 and (m.w2_weight_scale == 120).all()
         assert [len(t) for t in _tokens(llm, PROMPTS[:2])] == [12, 12]
 
 

@@ -117,6 +117,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> No
         if name.endswith("norm.weight"):
             param.fill_(1.0)
             continue
+        if not param.is_floating_point():
+            continue  # packed (MXFP4) experts: their quantization method draws their codes
         gen = gens.get(param.device)
         if gen is None:
             gen = gens[param.device] = torch.Generator(device=param.device).manual_seed(seed)

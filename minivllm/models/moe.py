@@ -14,6 +14,7 @@ from minivllm.config.model import ArchConfig
 from minivllm.distributed.group import TPGroup
 from minivllm.layers.fused_moe import FusedMoE
 from minivllm.layers.linear import ReplicatedLinear
+from minivllm.layers.quantization.mxfp4_moe import pack_experts_at_construction
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 
 
@@ -29,6 +30,7 @@ class SparseMoeBlock(nn.Module):
         self.gate = ReplicatedLinear(cfg.hidden_size, cfg.num_experts, bias=False, quantizable=False)
         self.experts = FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
                                 cfg.moe_intermediate_size, renormalize, backend, tp_group)
+        pack_experts_at_construction(self.experts, cfg.quantization_config)
 
     def input_quant(self, x: torch.Tensor) -> None:
         """The norm before this block hands over its rows unquantized: the router is not FP8, and FP8 experts

@@ -36,7 +36,8 @@ def apply_quantization(model: nn.Module, config: Fp8Config | None, checkpoint_we
 def apply_mxfp4(model: nn.Module, config: Mxfp4Config | None, checkpoint_weights: bool) -> None:
     """Give the experts of every mixture-of-experts layer ``config``'s MXFP4 method, with packed parameters to
     load into when the weights come from the checkpoint (``checkpoint_weights``; dummy weights are quantized
-    after). ValueError for a model without one: an MXFP4 checkpoint quantizes experts only."""
+    after, or get random codes where the model packed its experts when built). ValueError for a model without
+    one: an MXFP4 checkpoint quantizes experts only."""
     if config is None:
         return
     from minivllm.layers.fused_moe import FusedMoE
@@ -46,6 +47,7 @@ def apply_mxfp4(model: nn.Module, config: Mxfp4Config | None, checkpoint_weights
         raise ValueError(f"an mxfp4 checkpoint quantizes mixture-of-experts experts, and {type(model).__name__} "
                          "has none")
     method = Mxfp4MoEMethod(config)
+    method.dummy = not checkpoint_weights
     for layer in layers:
         layer.quant_method = method
         if checkpoint_weights:

@@ -19,8 +19,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.config.quantization import Mxfp4Config
-from minivllm.kernels.mxfp4 import MXFP4_BLOCK, quantize_mxfp4
+from minivllm.config.quantization import Mxfp4Config, mxfp4_config
+from minivllm.kernels.mxfp4 import E8M0_BIAS, MXFP4_BLOCK, quantize_mxfp4
+
+#: dummy MXFP4 experts' scale code: 2^-7, so that uniform random e2m1 codes (RMS about 2.9) give weights of
+#: about ``init_dummy_weights``' 0.02 standard deviation
+DUMMY_SCALE = E8M0_BIAS - 7
 
 
 class Mxfp4MoEMethod:
@@ -29,6 +33,7 @@ class Mxfp4MoEMethod:
 
     def __init__(self, config: Mxfp4Config):
         self.config = config
+        self.dummy = False  # set by ``apply_mxfp4`` for dummy weights: packed experts get random codes
 
     def check_layer(self, layer: nn.Module) -> None:
         """ValueError unless ``layer``'s hidden size and this rank's intermediate size are whole groups."""
@@ -39,7 +44,10 @@ class Mxfp4MoEMethod:
 
     def create_weights(self, layer: nn.Module) -> None:
         """Replace ``layer``'s expert weights by packed uint8 ones and give it scale parameters, shaped for this
-        rank, each loading a whole checkpoint tensor (all the experts) through :meth:`load`."""
+        rank, each loading a whole checkpoint tensor (all the experts) through :meth:`load`. Nothing to do
+        for a layer already packed (``pack_experts_at_construction``)."""
+        if layer.w13_weight.dtype == torch.uint8:
+            return
         self.check_layer(layer)
         num_experts, hidden, inter = layer.num_experts, layer.w2_weight.shape[1], layer.intermediate_size_per_rank
         device = layer.w13_weight.device
@@ -84,6 +92,8 @@ class Mxfp4MoEMethod:
         """Quantize experts that loaded in high precision (dummy weights), one expert at a time; nothing to do
         for a checkpoint in MXFP4. Each rank's groups are TP=1's (a group never straddles two ranks)."""
         if layer.w13_weight.dtype == torch.uint8:
+            if self.dummy:
+                self._random_codes(layer)
             return
         self.check_layer(layer)
         for name in ("w13", "w2"):
@@ -95,3 +105,23 @@ class Mxfp4MoEMethod:
             setattr(layer, f"{name}_weight", nn.Parameter(blocks, requires_grad=False))
             setattr(layer, f"{name}_weight_scale", nn.Parameter(scales, requires_grad=False))
         layer.block_shape = None
+
+    @staticmethod
+    def _random_codes(layer: nn.Module) -> None:
+        """Dummy weights for packed experts: uniform random e2m1 codes (seeded, the same on every rank) at
+        scale ``DUMMY_SCALE``."""
+        gen = torch.Generator(device=layer.w13_weight.device).manual_seed(0)
+        for name in ("w13", "w2"):
+            blocks = getattr(layer, f"{name}_weight")
+            blocks.data.copy_(torch.randint(0, 256, blocks.shape, generator=gen, device=blocks.device))
+            getattr(layer, f"{name}_weight_scale").data.fill_(DUMMY_SCALE)
+
+
+def pack_experts_at_construction(layer: nn.Module, checkpoint_quant: dict | None) -> None:
+    """Give a just-built ``FusedMoE`` its packed MXFP4 parameters when the checkpoint's ``quantization_config``
+    says MXFP4 (else nothing): a model's MoE block calls this right after building the layer, so that its
+    float experts are freed layer by layer as the model is built, and the whole model never holds them (the
+    loader's ``apply_mxfp4`` then finds the layer packed)."""
+    config = mxfp4_config(checkpoint_quant)
+    if config is not None:
+        Mxfp4MoEMethod(config).create_weights(layer)
