@@ -423,3 +423,40 @@ def test_triton_branch_of_a_loaded_mxfp4_layer(mxfp4_checkpoints, monkeypatch):
             want = layer(x, logits)
             layer.backend = "triton"
             assert rel_err(got, want) < 1e-5, n
+
+
+def test_gpt_oss_checkpoint_writer(tmp_path):
+    """``write_gpt_oss_mxfp4`` on gpt-oss's float layout (``gate_up_proj [E, H, 2I]`` interleaved, ``down_proj
+    [E, I, H]``): MXFP4 blocks and scales in the published shapes beside the other tensors, and a reference whose
+    experts are transformers' dequantization of them, which an MXFP4 layer loaded from the blocks holds."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from tests.helpers.mxfp4_checkpoints import write_gpt_oss_mxfp4
+
+    g = torch.Generator().manual_seed(5)
+    prefix = "model.layers.0.mlp.experts"
+    src = tmp_path / "src"
+    src.mkdir()
+    tensors = {f"{prefix}.gate_up_proj": torch.randn(3, 64, 128, generator=g),
+               f"{prefix}.gate_up_proj_bias": torch.randn(3, 128, generator=g),
+               f"{prefix}.down_proj": torch.randn(3, 64, 64, generator=g), "lm_head.weight": torch.randn(5, 64)}
+    save_file(tensors, src / "model.safetensors")
+    (src / "config.json").write_text(json.dumps({"architectures": ["GptOssForCausalLM"]}))
+    mxfp4, reference = write_gpt_oss_mxfp4(str(src), tmp_path)
+    q, ref = load_file(mxfp4 / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert json.loads((mxfp4 / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"
+    assert q[f"{prefix}.gate_up_proj_blocks"].shape == (3, 128, 2, 16) and q[f"{prefix}.down_proj_scales"].shape == (
+        3, 64, 2)
+    assert f"{prefix}.gate_up_proj" not in q and torch.equal(q["lm_head.weight"], tensors["lm_head.weight"])
+    assert torch.equal(ref[f"{prefix}.gate_up_proj_bias"], tensors[f"{prefix}.gate_up_proj_bias"])
+    for name in ("gate_up_proj", "down_proj"):
+        assert torch.equal(ref[f"{prefix}.{name}"], dequantize_mxfp4(q[f"{prefix}.{name}_blocks"],
+                                                                    q[f"{prefix}.{name}_scales"]).transpose(1, 2))
+        assert (ref[f"{prefix}.{name}"] - tensors[f"{prefix}.{name}"]).abs().max() < 1.0  # a step at most
+    stored = {k.rsplit(".", 1)[1]: v for k, v in q.items() if k.startswith(prefix) and not k.endswith("bias")}
+    layer = _mxfp4_layer(stored, 0, 1)
+    gate_up = ref[f"{prefix}.gate_up_proj"].transpose(1, 2)  # [E, 2I, H]
+    assert torch.equal(dequantize_mxfp4(layer.w13_weight, layer.w13_weight_scale),
+                       torch.cat([gate_up[:, ::2], gate_up[:, 1::2]], 1))
