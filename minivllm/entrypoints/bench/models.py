@@ -30,6 +30,8 @@ ALIASES = {
     "mistral-small-24b": "mistral-small-24b",
     "mistral-small-24b-base-2501": "mistral-small-24b",
     "mistral-small-24b-instruct-2501": "mistral-small-24b",
+    "gpt-oss-20b": "gpt-oss-20b",
+    "gpt-oss-120b": "gpt-oss-120b",
 }
 
 
