@@ -46,15 +46,27 @@ MOE_GEMM_PTRS = {"c_ptr": "*bf16", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32
                  "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "post_pad_ptr": "*i32"}
 
 
+# the expert kernels' epilogue constexprs as unbiased SiLU experts compile them (gpt-oss's: ``_gpt_oss``)
+NO_BIAS = {"HAS_BIAS": False}
+SILU = {"ACTIVATION": 0, "ALPHA": 1.702, "LIMIT": 7.0}
+
+
 def _moe_gemm(fp8: bool, gated: bool, bm: int, bn: int) -> dict:
     return {"A_ROW_DIV": 8 if gated else 1, "GATED": gated, "MUL_WEIGHT": not gated, "FP8": fp8,
             "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 64, "DOT_F32": False, "PRECISION": "tf32",
-            "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_STAGES": 3, "USE_PDL": True}
+            "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_STAGES": 3, "USE_PDL": True,
+            **NO_BIAS, **SILU}
 
 
 def _moe_gemv(fp8: bool, picks: int | None = None) -> dict:
     return {"TOP_K": 8, **({} if picks is None else {"PICKS": picks}), "HAS_SCALE": fp8, "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 1 << 30,
-            "BLOCK_N": 4, "BLOCK_K": 128 if fp8 else 256, "NUM_STAGES": 4, "USE_PDL": True}
+            "BLOCK_N": 4, "BLOCK_K": 128 if fp8 else 256, "NUM_STAGES": 4, "USE_PDL": True,
+            **NO_BIAS, **(SILU if picks is None else {})}
+
+
+def _gpt_oss(consts: dict, gated: bool) -> dict:
+    """``consts`` with gpt-oss's expert biases, and its clamped SwiGLU where ``gated``."""
+    return {**consts, "HAS_BIAS": True, **({"ACTIVATION": 1, "ALPHA": 1.702, "LIMIT": 7.0} if gated else {})}
 
 
 MOE_KERNELS = [
@@ -93,6 +105,20 @@ MOE_KERNELS = [
                                                       "out_ptr": "*bf16"}, _moe_gemv(fp8, picks)),
        _moe_gemv(fp8, picks))
       for fp8 in (False, True) for picks in (8, 1)],
+    *[(f"MoE grouped GEMM {'1 (gate/up + clamped SwiGLU)' if gated else '2 (down)'}, biases (gpt-oss) (PDL)",
+       fused_moe._moe_gemm_kernel,
+       _ints(fused_moe._moe_gemm_kernel, {**MOE_GEMM_PTRS, "a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16"},
+             _gpt_oss(_moe_gemm(False, gated, 64, 128), gated)), _gpt_oss(_moe_gemm(False, gated, 64, 128), gated))
+      for gated in (True, False)],
+    ("MoE decode GEMV gate/up, biases + clamped SwiGLU (gpt-oss) (PDL)", fused_moe_decode._moe_gemv_gate_up_kernel,
+     _ints(fused_moe_decode._moe_gemv_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32",
+                                                       "ids_ptr": "*i32", "out_ptr": "*bf16", "bias_ptr": "*bf16"},
+           _gpt_oss(_moe_gemv(False), True)), _gpt_oss(_moe_gemv(False), True)),
+    ("MoE decode GEMV down, biases (gpt-oss) (PDL)", fused_moe_decode._moe_gemv_down_kernel,
+     _ints(fused_moe_decode._moe_gemv_down_kernel, {"a_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32",
+                                                    "ids_ptr": "*i32", "topk_w_ptr": "*fp32", "out_ptr": "*bf16",
+                                                    "bias_ptr": "*bf16"}, _gpt_oss(_moe_gemv(False, 4), False)),
+     _gpt_oss(_moe_gemv(False, 4), False)),
 ]
 AR_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "cap": "i32", "ptrs": "*i64", "counters": "*i32"}
 NORM_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32", "D": "i32", "eps": "fp32",

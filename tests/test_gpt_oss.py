@@ -174,3 +174,19 @@ def test_bad_gpt_oss_config_is_a_clear_error():
         arch_from_dict({**base, "swiglu_limit": 0.0})
     with pytest.raises(ValueError, match="num_local_experts"):
         GptOssForCausalLM(arch_from_dict({**base, "num_local_experts": 0}))
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_triton_backend_matches_torch_backend(gpt_oss):
+    """attention_backend='triton' (the interpreter on the CPU): the paged kernels with sinks and a window, the
+    fused RoPE over YaRN's scaled cos/sin, the fused MoE kernels with biases and the clamped SwiGLU (routing:
+    softmax over all experts renormalised over the top k, equal to gpt-oss's top-k softmax) give the torch
+    backend's tokens."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = PROMPTS[3:7]
+    with LLM(gpt_oss, device="cpu") as ref:
+        want = [o["token_ids"] for o in ref.generate(prompts, params, use_tqdm=False)]
+    with LLM(gpt_oss, device="cpu", attention_backend="triton") as llm:
+        got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want

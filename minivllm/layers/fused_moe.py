@@ -92,11 +92,11 @@ class FusedMoE(nn.Module):
         if self.backend == "triton":
             from minivllm.kernels.fused_moe import fused_moe_triton, select_experts_triton  # GPU only
 
-            if self.w13_bias is not None or self.activation != "silu":
-                raise NotImplementedError("the Triton fused MoE kernels have no expert biases or clamped SwiGLU "
-                                          "(gpt-oss) yet: use attention_backend='torch'")
-            topk_weights, topk_ids = select_experts_triton(router_logits, self.top_k, self.renormalize)
-            return fused_moe_triton(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, **self._fp8_args())
+            # NOTE: "topk_softmax" routing equals a softmax over all experts renormalised over the top k
+            renormalize = self.renormalize or self.routing == "topk_softmax"
+            topk_weights, topk_ids = select_experts_triton(router_logits, self.top_k, renormalize)
+            return fused_moe_triton(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, **self._fp8_args(),
+                                    **self._gpt_oss_args())
         if self.routing == "topk_softmax":
             topk_weights, topk_ids = select_experts_topk_softmax(router_logits, self.top_k)  # [n, k], [n, k]
         else:
