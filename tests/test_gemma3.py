@@ -277,3 +277,17 @@ def test_shipped_gemma3_configs(name, arch, layers, window, scalar, heads, kv, p
     attn = model.model.layers[0].self_attn
     assert attn.qkv_proj.weight.shape == ((heads + 2 * kv) * cfg.head_dim, cfg.hidden_size)
     assert attn.attn.scale == pytest.approx(scalar ** -0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_triton_path_matches_torch_backend(gemma3):
+    """attention_backend='triton' (the interpreter on the CPU): the fused (1 + w) norms, the q/k norm + RoPE
+    kernel with each layer type's cos/sin cache, and the windowed paged kernels give the torch backend's tokens."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = PROMPTS[3:6]
+    with LLM(gemma3, device="cpu") as ref:
+        want = [o["token_ids"] for o in ref.generate(prompts, params, use_tqdm=False)]
+    with LLM(gemma3, device="cpu", attention_backend="triton") as llm:
+        got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
