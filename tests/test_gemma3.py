@@ -140,6 +140,64 @@ def test_final_logit_softcapping_is_transformers(gemma3, tmp_path):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+# ------------------------------------------------------------------ Gemma's layers against transformers'
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,d", [(1, 24), (7, 64), (33, 256)])
+def test_gemma_rms_norm_is_transformers(rows, d, dtype):
+    """GemmaRMSNorm (torch path) is transformers' Gemma3RMSNorm bit for bit, alone and after the residual add
+    (transformers adds the residual in the dtype, then normalises); GeluAndMul is its tanh-GELU gated product."""
+    from transformers.activations import ACT2FN
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    from minivllm.layers.activation import GeluAndMul
+    from minivllm.layers.layernorm import GemmaRMSNorm
+
+    gen = torch.Generator().manual_seed(rows * d)
+    x, res = (torch.randn(rows, d, generator=gen).mul(3).to(dtype) for _ in range(2))
+    w = torch.randn(d, generator=gen) * 0.5
+    ours, theirs = GemmaRMSNorm(d, 1e-6), Gemma3RMSNorm(d, 1e-6)
+    with torch.no_grad():
+        ours.weight.copy_(w)
+        theirs.weight.copy_(w)
+        assert torch.equal(ours(x), theirs(x))
+        normed, summed = ours(x, res)
+        assert torch.equal(summed, res + x) and torch.equal(normed, theirs(res + x))
+        h = torch.randn(rows, 2 * d, generator=gen).to(dtype)
+        gate, up = h.chunk(2, dim=-1)
+        assert torch.equal(GeluAndMul("tanh")(h), ACT2FN["gelu_pytorch_tanh"](gate) * up)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,d", [(1, 24), (7, 64), (5, 384)])
+def test_fused_gemma_rms_norm_matches_torch(rows, d, dtype, monkeypatch):
+    """The fused path (the Triton RMSNorm given 1 + w in float32, under the interpreter): float32 equal to the
+    torch path, half precision as accurate against float32 as the torch path and within an ulp of it."""
+    from minivllm.layers.layernorm import GemmaRMSNorm
+    from tests.helpers.kernel_checks import check, gpu_rounding_in_interpreter
+
+    gpu_rounding_in_interpreter(monkeypatch)
+    gen = torch.Generator().manual_seed(rows + d)
+    x32, res32 = (torch.randn(rows, d, generator=gen) * 3 for _ in range(2))
+    w = torch.randn(d, generator=gen) * 0.5
+    torch_norm, fused_norm = GemmaRMSNorm(d, 1e-6), GemmaRMSNorm(d, 1e-6, fused=True)
+    with torch.no_grad():
+        torch_norm.weight.copy_(w)
+        fused_norm.weight.copy_(w)
+    x, res = x32.to(dtype), res32.to(dtype)
+    ref32 = torch_norm(x.float())
+    # the kernel rounds the normalised row before the (1 + w) multiply, the torch path once after it: up to
+    # half the elements may differ by an ulp
+    check(fused_norm(x.clone()), torch_norm(x), ref32, dtype, max_frac=0.5)
+    out, new_res = fused_norm(x.clone(), res.clone())
+    assert torch.equal(new_res, x + res)
+    check(out, torch_norm(x + res), torch_norm((x + res).float()), dtype, max_frac=0.5)
+
+
 # ------------------------------------------------------------------ the multimodal checkpoint's text stack
 
 def test_conditional_generation_text_stack_matches_transformers(gemma3_vlm):

@@ -113,6 +113,14 @@ class GemmaRMSNorm(nn.Module):
         super().__init__()
         self.eps, self.fused = eps, fused
         self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+        self._scale: torch.Tensor | None = None
+
+    def scale(self) -> torch.Tensor:
+        """``1 + weight`` in float32 [hidden], the weight the fused kernels take. NOTE: computed at the first
+        call and kept, so the weights must be loaded by then (the engine's first forward comes after loading)."""
+        if self._scale is None:
+            self._scale = 1.0 + self.weight.float()
+        return self._scale
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -125,10 +133,9 @@ class GemmaRMSNorm(nn.Module):
         if self.fused:
             from minivllm.kernels.fused_norm import fused_add_rms_norm, rms_norm
 
-            scale = 1.0 + self.weight.float()  # [hidden]
             if residual is None:
-                return rms_norm(x, scale, self.eps)
-            return fused_add_rms_norm(x, residual, scale, self.eps, inplace=True)
+                return rms_norm(x, self.scale(), self.eps)
+            return fused_add_rms_norm(x, residual, self.scale(), self.eps, inplace=True)
         if residual is None:
             return self._norm(x)
         x = x + residual

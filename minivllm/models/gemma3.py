@@ -65,8 +65,8 @@ class Gemma3Attention(nn.Module):
             from minivllm.kernels.fused_rope import qk_norm_rope
 
             kv_store = self.attn.kv_store_args(v, meta)
-            q, k = qk_norm_rope(q, k, positions, self.rotary_emb.cos_sin_cache, 1.0 + self.q_norm.weight.float(),
-                                1.0 + self.k_norm.weight.float(), self.q_norm.eps, inplace=True, kv_store=kv_store)
+            q, k = qk_norm_rope(q, k, positions, self.rotary_emb.cos_sin_cache, self.q_norm.scale(),
+                                self.k_norm.scale(), self.q_norm.eps, inplace=True, kv_store=kv_store)
             kv_stored = kv_store is not None
         else:
             q, k = self.rotary_emb(positions, self.q_norm(q), self.k_norm(k))
