@@ -217,11 +217,14 @@ def test_conditional_generation_text_stack_matches_transformers(gemma3_vlm):
 
 
 def test_images_are_refused(gemma3_vlm):
-    """The image placeholder in a prompt, and an image part in a chat message, are ValueErrors naming the
-    field; text next to them would otherwise be answered without the image."""
+    """The image placeholder in a prompt, vLLM's ``multi_modal_data``, and an image part in a chat message are
+    ValueErrors naming the field; text next to them would otherwise be answered without the image."""
     with LLM(gemma3_vlm, device="cpu") as llm:
         with pytest.raises(ValueError, match="prompt: token id .* image placeholder"):
             llm.generate([[5, 6, TINY_IMAGE_TOKEN, 7]], GREEDY, use_tqdm=False)
+        with pytest.raises(ValueError, match="multi_modal_data: images"):
+            llm.generate([{"prompt": "what is this?", "multi_modal_data": {"image": object()}}], GREEDY,
+                         use_tqdm=False)
         image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
         with pytest.raises(ValueError, match="messages: content parts of type 'image_url' are not supported"):
             llm.chat([{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}],

@@ -97,6 +97,9 @@ class InputProcessor:
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return None, list(prompt)
+        if isinstance(prompt, dict) and prompt.get("multi_modal_data"):  # vLLM's prompt dict with images
+            raise ValueError("multi_modal_data: images and other media are not supported (minivllm runs the text "
+                             "model only)")
         raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
