@@ -1,4 +1,4 @@
-"""Rotary position embedding (rotate-half / NeoX layout), with Llama-3 frequency scaling."""
+"""Rotary position embedding (rotate-half / NeoX layout), with Llama-3 or linear frequency scaling."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ def _inv_freq(head_dim: int, base: float, rope_scaling: dict | None) -> torch.Te
     rope_type = (rope_scaling or {}).get("rope_type") or (rope_scaling or {}).get("type") or "default"
     if rope_type == "default":
         return inv_freq
+    if rope_type == "linear":  # positions divided by ``factor`` (Gemma 3's global layers)
+        return inv_freq / rope_scaling["factor"]
     if rope_type != "llama3":
         raise NotImplementedError(f"rope_scaling type {rope_type!r} is not supported")
     factor = rope_scaling["factor"]
