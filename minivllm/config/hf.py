@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from minivllm.config.gemma3 import flatten_gemma3, gemma3_arch_fields, is_gemma3
 from minivllm.config.model import ArchConfig
 
 _DTYPE_ALIASES = {"float32": "float32", "float": "float32", "fp32": "float32", "float16": "float16",
@@ -21,6 +22,9 @@ def _as_id_list(value) -> list[int]:
 
 def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConfig:
     """Normalise an HF config dict: ``rope_theta``/``torch_dtype`` (4.x) or ``rope_parameters``/``dtype`` (5.x)."""
+    gemma3 = is_gemma3(cfg)
+    if gemma3:  # the text model's fields, defaults filled (a multimodal checkpoint nests them)
+        cfg = flatten_gemma3(cfg)
     archs = cfg.get("architectures") or []
     if not archs:
         model_type = cfg.get("model_type", "")
@@ -69,6 +73,7 @@ def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConf
         **_moe_fields(cfg),
         **_sliding_window_fields(cfg, archs[0]),
         **_gpt_oss_fields(cfg, archs[0]),
+        **(gemma3_arch_fields(cfg) if gemma3 else {}),
     )
 
 
@@ -96,7 +101,7 @@ def _gpt_oss_fields(cfg: dict, architecture: str) -> dict:
 _SLIDE_ALL_LAYERS = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 # ... these the layers ``layer_types`` marks, or without it those from ``max_window_layers`` (default 28) on.
 # Other architectures (Llama, OLMoE) ignore the field.
-_SLIDE_BY_LAYER_TYPES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_SLIDE_BY_LAYER_TYPES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 
 
 def _sliding_window_fields(cfg: dict, architecture: str) -> dict:

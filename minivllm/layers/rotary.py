@@ -1,4 +1,4 @@
-"""Rotary position embedding (rotate-half / NeoX layout), with Llama-3 or YaRN frequency scaling."""
+"""Rotary position embedding (rotate-half / NeoX layout), with Llama-3, linear or YaRN frequency scaling."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ def _inv_freq(head_dim: int, base: float, rope_scaling: dict | None) -> torch.Te
         return inv_freq
     if rope_type == "yarn":
         return _yarn_inv_freq(head_dim, base, rope_scaling)
+    if rope_type == "linear":  # positions divided by ``factor`` (Gemma 3's global layers)
+        return inv_freq / rope_scaling["factor"]
     if rope_type != "llama3":
         raise NotImplementedError(f"rope_scaling type {rope_type!r} is not supported")
     factor = rope_scaling["factor"]

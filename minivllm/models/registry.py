@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from minivllm.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from minivllm.models.gpt_oss import GptOssForCausalLM
 from minivllm.models.mistral import MistralForCausalLM
 from minivllm.models.mixtral import MixtralForCausalLM
@@ -19,6 +20,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "GptOssForCausalLM": GptOssForCausalLM,
 }
 
