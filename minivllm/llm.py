@@ -6,7 +6,7 @@ from typing import Any
 
 from minivllm.beam_search import BeamSearchOutput, BeamSearchParams
 from minivllm.engine.beam_search import run_beam_search
-from minivllm.engine.tokenizer import chat_template_args
+from minivllm.engine.tokenizer import chat_template_args, refuse_media_parts
 from minivllm.sampling_params import SamplingParams
 
 
@@ -55,6 +55,8 @@ class LLM:
         starting a new one. ``tools``: OpenAI-style tool definitions (``{"type": "function", "function": {...}}``)
         that the template lists for the model, as vLLM's ``tools``; the output is text (parse any calls in it)."""
         conversations = conversations_of(messages)
+        for c in conversations:
+            refuse_media_parts(c)
         if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
             raise ValueError(f"tools must be a list of tool definitions (dicts) or None, got {tools!r:.80}")
         tokenizer = self.engine.tokenizer

@@ -46,15 +46,27 @@ MOE_GEMM_PTRS = {"c_ptr": "*bf16", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32
                  "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "post_pad_ptr": "*i32"}
 
 
+# the expert kernels' epilogue constexprs as unbiased SiLU experts compile them (gpt-oss's: ``_gpt_oss``)
+NO_BIAS = {"HAS_BIAS": False}
+SILU = {"ACTIVATION": 0, "ALPHA": 1.702, "LIMIT": 7.0}
+
+
 def _moe_gemm(fp8: bool, gated: bool, bm: int, bn: int, mxfp4: bool = False) -> dict:
     return {"A_ROW_DIV": 8 if gated else 1, "GATED": gated, "MUL_WEIGHT": not gated, "FP8": fp8, "MXFP4": mxfp4,
             "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 64, "DOT_F32": False, "PRECISION": "tf32",
-            "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_STAGES": 3, "USE_PDL": True}
+            "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8, "NUM_STAGES": 3, "USE_PDL": True,
+            **NO_BIAS, **SILU}
 
 
 def _moe_gemv(fp8: bool, picks: int | None = None, mxfp4: bool = False) -> dict:
     return {"TOP_K": 8, **({} if picks is None else {"PICKS": picks}), "HAS_SCALE": fp8, "MXFP4": mxfp4, "GROUP_N": 128 if fp8 else 1, "GROUP_K": 128 if fp8 else 1 << 30,
-            "BLOCK_N": 4, "BLOCK_K": 128 if fp8 else 256, "NUM_STAGES": 4, "USE_PDL": True}
+            "BLOCK_N": 4, "BLOCK_K": 128 if fp8 else 256, "NUM_STAGES": 4, "USE_PDL": True,
+            **NO_BIAS, **(SILU if picks is None else {})}
+
+
+def _gpt_oss(consts: dict, gated: bool) -> dict:
+    """``consts`` with gpt-oss's expert biases, and its clamped SwiGLU where ``gated``."""
+    return {**consts, "HAS_BIAS": True, **({"ACTIVATION": 1, "ALPHA": 1.702, "LIMIT": 7.0} if gated else {})}
 
 
 MOE_KERNELS = [
@@ -93,20 +105,38 @@ MOE_KERNELS = [
                                                       "out_ptr": "*bf16"}, _moe_gemv(fp8, picks)),
        _moe_gemv(fp8, picks))
       for fp8 in (False, True) for picks in (8, 1)],
-    # MXFP4 experts (gpt-oss): packed uint8 weights and e8m0 scales, dequantized in registers, bf16 activations
-    *[(f"MoE grouped GEMM {'1 (gate/up + SiLU-and-mul)' if gated else '2 (down)'}, {bm}x{bn}, MXFP4 (PDL)",
+    *[(f"MoE grouped GEMM {'1 (gate/up + clamped SwiGLU)' if gated else '2 (down)'}, biases (gpt-oss) (PDL)",
        fused_moe._moe_gemm_kernel,
-       _ints(fused_moe._moe_gemm_kernel, {**MOE_GEMM_PTRS, "a_ptr": "*bf16", "b_ptr": "*u8", "b_scale_ptr": "*u8"},
-             _moe_gemm(False, gated, bm, bn, True)), _moe_gemm(False, gated, bm, bn, True))
+       _ints(fused_moe._moe_gemm_kernel, {**MOE_GEMM_PTRS, "a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16"},
+             _gpt_oss(_moe_gemm(False, gated, 64, 128), gated)), _gpt_oss(_moe_gemm(False, gated, 64, 128), gated))
+      for gated in (True, False)],
+    ("MoE decode GEMV gate/up, biases + clamped SwiGLU (gpt-oss) (PDL)", fused_moe_decode._moe_gemv_gate_up_kernel,
+     _ints(fused_moe_decode._moe_gemv_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32",
+                                                       "ids_ptr": "*i32", "out_ptr": "*bf16", "bias_ptr": "*bf16"},
+           _gpt_oss(_moe_gemv(False), True)), _gpt_oss(_moe_gemv(False), True)),
+    ("MoE decode GEMV down, biases (gpt-oss) (PDL)", fused_moe_decode._moe_gemv_down_kernel,
+     _ints(fused_moe_decode._moe_gemv_down_kernel, {"a_ptr": "*bf16", "w_ptr": "*bf16", "scale_ptr": "*fp32",
+                                                    "ids_ptr": "*i32", "topk_w_ptr": "*fp32", "out_ptr": "*bf16",
+                                                    "bias_ptr": "*bf16"}, _gpt_oss(_moe_gemv(False, 4), False)),
+     _gpt_oss(_moe_gemv(False, 4), False)),
+    # gpt-oss's MXFP4 experts: packed uint8 weights and e8m0 scales dequantized in registers, bf16 activations,
+    # biases and the clamped SwiGLU
+    *[(f"MoE grouped GEMM {'1 (gate/up + clamped SwiGLU)' if gated else '2 (down)'}, {bm}x{bn}, MXFP4 + biases "
+       "(gpt-oss) (PDL)", fused_moe._moe_gemm_kernel,
+       _ints(fused_moe._moe_gemm_kernel, {**MOE_GEMM_PTRS, "a_ptr": "*bf16", "b_ptr": "*u8", "b_scale_ptr": "*u8",
+                                          "bias_ptr": "*bf16"}, _gpt_oss(_moe_gemm(False, gated, bm, bn, True), gated)),
+       _gpt_oss(_moe_gemm(False, gated, bm, bn, True), gated))
       for gated in (True, False) for bm, bn in ((16, 64), (64, 128))],
-    ("MoE decode GEMV gate/up, MXFP4 (PDL)", fused_moe_decode._moe_gemv_gate_up_kernel,
+    ("MoE decode GEMV gate/up, MXFP4 + biases + clamped SwiGLU (gpt-oss) (PDL)",
+     fused_moe_decode._moe_gemv_gate_up_kernel,
      _ints(fused_moe_decode._moe_gemv_gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*u8",
-                                                       "ids_ptr": "*i32", "out_ptr": "*bf16"},
-           _moe_gemv(False, mxfp4=True)), _moe_gemv(False, mxfp4=True)),
-    ("MoE decode GEMV down, 4 picks a program, MXFP4 (PDL)", fused_moe_decode._moe_gemv_down_kernel,
+                                                       "ids_ptr": "*i32", "out_ptr": "*bf16", "bias_ptr": "*bf16"},
+           _gpt_oss(_moe_gemv(False, mxfp4=True), True)), _gpt_oss(_moe_gemv(False, mxfp4=True), True)),
+    ("MoE decode GEMV down, 4 picks a program, MXFP4 + biases (gpt-oss) (PDL)", fused_moe_decode._moe_gemv_down_kernel,
      _ints(fused_moe_decode._moe_gemv_down_kernel, {"a_ptr": "*bf16", "w_ptr": "*u8", "scale_ptr": "*u8",
-                                                    "ids_ptr": "*i32", "topk_w_ptr": "*fp32", "out_ptr": "*bf16"},
-           _moe_gemv(False, 4, True)), _moe_gemv(False, 4, True)),
+                                                    "ids_ptr": "*i32", "topk_w_ptr": "*fp32", "out_ptr": "*bf16",
+                                                    "bias_ptr": "*bf16"}, _gpt_oss(_moe_gemv(False, 4, True), False)),
+     _gpt_oss(_moe_gemv(False, 4, True), False)),
 ]
 AR_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "cap": "i32", "ptrs": "*i64", "counters": "*i32"}
 NORM_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32", "D": "i32", "eps": "fp32",
@@ -157,27 +187,31 @@ KERNELS = [
       for store, cache, sat in ((False, "*bf16", 0.0), (True, "*bf16", 0.0), (True, "*fp8e4nv", 448.0))],
     *[(f"split-KV decode (PDL){name}", paged_decode._split_kv_decode_kernel,
      {**dict.fromkeys(("m_part_ptr", "l_part_ptr", "acc_part_ptr"), "*fp32"), "q_ptr": "*bf16", "k_cache_ptr": "*bf16",
-      "v_cache_ptr": "*bf16", "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32",
+      "v_cache_ptr": "*bf16", "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "sinks_ptr": "*bf16",
+      "qk_scale": "fp32",
       **dict.fromkeys(("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs",
                        "stride_vh", "stride_bt"), "i32")},
      {"NUM_HEADS": 16, "NUM_SPLITS": 8, "GROUP": 4, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_SIZE": 256, "HEAD_DIM": 128,
-      "HEAD_DIM_PAD": 128, "DOT_DTYPE": tl.bfloat16, "USE_PDL": True, "WINDOW": window})
-      for name, window in (("", 0), (", sliding window 1024", 1024))],
+      "HEAD_DIM_PAD": 128, "DOT_DTYPE": tl.bfloat16, "USE_PDL": True, "WINDOW": window, "HAS_SINKS": sinks})
+      for name, window, sinks in (("", 0, False), (", sliding window 1024", 1024, False),
+                                  (", window 128 + sinks", 128, True))],
     ("split-KV reduce (PDL)", paged_decode._split_kv_reduce_kernel,
      {"out_ptr": "*bf16", **dict.fromkeys(("m_part_ptr", "l_part_ptr", "acc_part_ptr"), "*fp32"), "v_scale": "fp32",
       "stride_ot": "i32", "stride_oh": "i32"},
      {"NUM_HEADS": 16, "NUM_SPLITS": 8, "SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_DIM_PAD": 128, "USE_PDL": True}),
     *[(f"paged attention (PDL){name}", paged_attention._paged_attention_kernel,
        {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "cu_seqlens_q_ptr": "*i32",
-        "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32", "v_scale": "fp32",
+        "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "sinks_ptr": "*bf16", "qk_scale": "fp32",
+        "v_scale": "fp32",
         **dict.fromkeys(("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
                          "stride_vb", "stride_vs", "stride_vh", "stride_bt"), "i32")},
        {"GROUP": 4, "G_PAD": 4, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_SIZE": 256, "HEAD_DIM": 128, "HEAD_DIM_PAD": 128,
-        "IS_DECODE": decode, "DOT_DTYPE": dot, "USE_PDL": True, "WINDOW": window})
-      for name, cache, bm, bn, decode, dot, window in (
-          ("", "*bf16", 64, 64, False, tl.bfloat16, 0),
-          (", FP8 KV decode", "*fp8e4nv", 16, 128, True, tl.float16, 0),
-          (", sliding window 1024", "*bf16", 64, 64, False, tl.bfloat16, 1024))],
+        "IS_DECODE": decode, "DOT_DTYPE": dot, "USE_PDL": True, "WINDOW": window, "HAS_SINKS": sinks})
+      for name, cache, bm, bn, decode, dot, window, sinks in (
+          ("", "*bf16", 64, 64, False, tl.bfloat16, 0, False),
+          (", FP8 KV decode", "*fp8e4nv", 16, 128, True, tl.float16, 0, False),
+          (", sliding window 1024", "*bf16", 64, 64, False, tl.bfloat16, 1024, False),
+          (", window 128 + sinks", "*bf16", 64, 64, False, tl.bfloat16, 128, True))],
     *[(f"Gumbel chunk{name}", gs._gumbel_chunk_kernel,
        {"logits_ptr": "*bf16", "stride_b": "i32", "temperature_ptr": "*fp32", "seeds_ptr": "*i64",
         "best_ptr": "*fp32", "idx_ptr": "*i32", "V": "i32", "C": "i32", "vocab_start": "i32"},

@@ -21,5 +21,9 @@ def test_kernels_compile_for_hopper():
     assert done.returncode == 0 and "FAIL" not in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     for kernel in ("GEMV, 16-row tile", "GEMV, one row, FMA", "q/k norm + RoPE + KV store (fp8)",
                    "all-reduce + add + RMSNorm", "Gumbel pick, sharded", "MoE align: scatter", "MoE align in one program",
-                   "MoE grouped GEMM 1 (gate/up + SiLU-and-mul), 64x128, FP8 block", "MoE decode GEMV down, FP8 block"):
+                   "MoE grouped GEMM 1 (gate/up + SiLU-and-mul), 64x128, FP8 block",
+                   "MoE decode GEMV down, 8 picks a program, FP8 block", "paged attention (PDL), window 128 + sinks",
+                   "split-KV decode (PDL), window 128 + sinks", "MoE grouped GEMM 1 (gate/up + clamped SwiGLU), biases",
+                   "MoE decode GEMV down, biases (gpt-oss)", "64x128, MXFP4 + biases (gpt-oss)",
+                   "MoE decode GEMV gate/up, MXFP4 + biases + clamped SwiGLU (gpt-oss)"):
         assert kernel in done.stdout, kernel

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from minivllm.config.gemma3 import flatten_gemma3, gemma3_arch_fields, is_gemma3
 from minivllm.config.model import ArchConfig
 
 _DTYPE_ALIASES = {"float32": "float32", "float": "float32", "fp32": "float32", "float16": "float16",
@@ -21,19 +22,25 @@ def _as_id_list(value) -> list[int]:
 
 def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConfig:
     """Normalise an HF config dict: ``rope_theta``/``torch_dtype`` (4.x) or ``rope_parameters``/``dtype`` (5.x)."""
+    gemma3 = is_gemma3(cfg)
+    if gemma3:  # the text model's fields, defaults filled (a multimodal checkpoint nests them)
+        cfg = flatten_gemma3(cfg)
     archs = cfg.get("architectures") or []
     if not archs:
         model_type = cfg.get("model_type", "")
         archs = {"qwen3": ["Qwen3ForCausalLM"], "llama": ["LlamaForCausalLM"], "qwen2": ["Qwen2ForCausalLM"],
                  "qwen3_moe": ["Qwen3MoeForCausalLM"], "mixtral": ["MixtralForCausalLM"],
-                 "olmoe": ["OlmoeForCausalLM"], "mistral": ["MistralForCausalLM"]}.get(model_type, [])
+                 "olmoe": ["OlmoeForCausalLM"], "mistral": ["MistralForCausalLM"],
+                 "gpt_oss": ["GptOssForCausalLM"]}.get(model_type, [])
     if not archs:
         raise ValueError("config.json names no architecture (no 'architectures' and unknown 'model_type')")
     rope_params = cfg.get("rope_parameters") or {}
-    rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+    rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", _DEFAULT_ROPE_THETA.get(archs[0], 10000.0)))
     rope_scaling = cfg.get("rope_scaling")
     if rope_scaling is None and rope_params.get("rope_type", "default") not in ("default", None):
         rope_scaling = dict(rope_params)
+    if rope_scaling is None and not rope_params.get("rope_type") and archs[0] in _DEFAULT_ROPE_SCALING:
+        rope_scaling = dict(_DEFAULT_ROPE_SCALING[archs[0]])
     dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
     dtype = _DTYPE_ALIASES.get(str(dtype).replace("torch.", ""), None)
     if dtype is None:
@@ -65,14 +72,36 @@ def arch_from_dict(cfg: dict, generation_config: dict | None = None) -> ArchConf
         quantization_config=cfg.get("quantization_config"),
         **_moe_fields(cfg),
         **_sliding_window_fields(cfg, archs[0]),
+        **_gpt_oss_fields(cfg, archs[0]),
+        **(gemma3_arch_fields(cfg) if gemma3 else {}),
     )
+
+
+#: rope_theta where config.json leaves it out (transformers' ``default_theta``)
+_DEFAULT_ROPE_THETA = {"GptOssForCausalLM": 150000.0}
+#: rope_scaling where config.json names no RoPE type (transformers' gpt-oss default: YaRN over 4,096 positions)
+_DEFAULT_ROPE_SCALING = {"GptOssForCausalLM": dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                                                   truncate=False, original_max_position_embeddings=4096)}
+
+
+def _gpt_oss_fields(cfg: dict, architecture: str) -> dict:
+    """gpt-oss: its experts' clamped SwiGLU (``swiglu_alpha``, ``swiglu_limit``), its alternating sliding and
+    full layers where ``layer_types`` is not given (transformers' default: even layers slide)."""
+    if architecture != "GptOssForCausalLM":
+        return {}
+    fields = dict(swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
+    if cfg.get("sliding_window") is not None:
+        layer_types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                                 for i in range(cfg["num_hidden_layers"])]
+        fields.update(sliding_window=cfg["sliding_window"], layer_types=layer_types)
+    return fields
 
 
 # transformers' rules for ``sliding_window``: these slide every layer (``layer_types`` ignored) ...
 _SLIDE_ALL_LAYERS = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 # ... these the layers ``layer_types`` marks, or without it those from ``max_window_layers`` (default 28) on.
 # Other architectures (Llama, OLMoE) ignore the field.
-_SLIDE_BY_LAYER_TYPES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_SLIDE_BY_LAYER_TYPES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 
 
 def _sliding_window_fields(cfg: dict, architecture: str) -> dict:

@@ -47,6 +47,19 @@ class ArchConfig:
     # ``layer_types`` ("sliding_attention" / "full_attention" per layer), where given, says which layers slide
     sliding_window: int | None = None
     layer_types: list[str] | None = None
+    # gpt-oss's experts: ``(up + 1) * gate * sigmoid(swiglu_alpha * gate)``, gate clamped above at
+    # ``swiglu_limit``, up to [-swiglu_limit, swiglu_limit]; None: the plain gated SiLU of the other models
+    swiglu_alpha: float | None = None
+    swiglu_limit: float | None = None
+    # Gemma 3: the MLP's activation (``gelu_pytorch_tanh``; the others' SiLU), the attention scale
+    # ``query_pre_attn_scalar ** -0.5`` (None: ``head_dim ** -0.5``), the RoPE base of sliding layers (None:
+    # ``rope_theta``; ``rope_scaling`` is the full layers' alone), ``tanh`` soft-capping of the final logits
+    # (None: none), and a multimodal checkpoint's image placeholder token, which a text-only engine refuses
+    hidden_act: str = "silu"
+    query_pre_attn_scalar: float | None = None
+    rope_local_theta: float | None = None
+    final_logit_softcapping: float | None = None
+    image_token_id: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -62,6 +75,8 @@ class ArchConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"model config: dtype must be one of {DTYPES}, got {self.dtype!r}")
         self._check_sliding_window()
+        if self.swiglu_limit is not None and not self.swiglu_limit > 0:
+            raise ValueError(f"model config: swiglu_limit must be > 0, got {self.swiglu_limit}")
 
     def _check_sliding_window(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:

@@ -39,6 +39,7 @@ class InputProcessor:
         self.tokenizer, self.structured = tokenizer, structured
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.arch.vocab_size
+        self.image_token_id = config.model_config.arch.image_token_id  # a multimodal checkpoint's placeholder
         self.max_logprobs = config.model_config.max_num_logprobs
         # the reasoning's markers as token ids (None: no --reasoning-config, or a marker that is empty)
         rc = config.sampling_config.reasoning_config
@@ -96,6 +97,9 @@ class InputProcessor:
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return None, list(prompt)
+        if isinstance(prompt, dict) and prompt.get("multi_modal_data"):  # vLLM's prompt dict with images
+            raise ValueError("multi_modal_data: images and other media are not supported (minivllm runs the text "
+                             "model only)")
         raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
@@ -112,6 +116,10 @@ class InputProcessor:
         if low < 0 or high >= vocab:  # vLLM names the largest id
             raise ParameterError(f"Token id {high if high >= vocab else low} is out of vocabulary (the model's has "
                                  f"{vocab} tokens)", "prompt")
+        if self.image_token_id is not None and self.image_token_id in token_ids:
+            raise ParameterError(f"prompt: token id {self.image_token_id} is this multimodal checkpoint's image "
+                                 f"placeholder; images are not supported (minivllm loads the text model only)",
+                                 "prompt")
         for name in ("logit_bias", "allowed_token_ids", "stop_token_ids", "logprob_token_ids"):
             self._check_vocabulary(name, getattr(params, name))
         self._check_logprobs(params)

@@ -55,3 +55,16 @@ def chat_template_args(add_generation_prompt: bool, continue_final_message: bool
     if chat_template is not None:
         args["chat_template"] = chat_template
     return args
+
+
+def refuse_media_parts(messages: list[dict]) -> None:
+    """ValueError naming ``messages`` where a message's content holds a part other than text (an image, audio):
+    minivllm runs text models only, and a chat template would render an image as a bare placeholder."""
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        kinds = sorted({str(p.get("type")) for p in content if isinstance(p, dict) and p.get("type") != "text"})
+        if kinds:
+            raise ValueError(f"messages: content parts of type {', '.join(map(repr, kinds))} are not supported; "
+                             "minivllm serves text models only (content parts {'type': 'text', 'text': ...})")

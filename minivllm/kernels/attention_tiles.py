@@ -9,6 +9,21 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 # NOTE: finite "-inf" for the running max, so fully masked rows give 0 instead of NaN.
 NEG_BIG = tl.constexpr(-1.0e30)
+LOG2E_C = tl.constexpr(LOG2E)
+
+
+@triton.jit
+def softmax_init(sinks_ptr, head, m_valid, BLOCK_M: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """The online softmax's starting (l_i, m_i) for the query heads ``head`` ([BLOCK_M]): empty (0, NEG_BIG), or
+    with each head's sink logit already counted (HAS_SINKS: a key of value zero whose score is the sink)."""
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head, mask=m_valid, other=0.0).to(tl.float32)  # [BLOCK_M]
+        m_i = tl.where(m_valid, sink * LOG2E_C, NEG_BIG)  # log2 domain, as the scores
+        l_i = tl.where(m_valid, 1.0, 0.0)
+    else:
+        m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    return l_i, m_i
 
 
 @triton.jit
@@ -136,6 +151,12 @@ def dot_dtype(query: torch.Tensor, cache: torch.Tensor) -> tl.dtype:
     if cache.dtype == query.dtype:
         return _TL_DTYPES[query.dtype]
     return tl.float16
+
+
+def check_sinks(sinks: torch.Tensor | None, num_heads: int) -> None:
+    """Sinks, where given, are one contiguous logit per query head."""
+    if sinks is not None and (sinks.shape != (num_heads,) or sinks.stride(0) != 1):
+        raise ValueError(f"sinks must be a contiguous [num_heads={num_heads}] tensor, got shape {tuple(sinks.shape)}")
 
 
 def window_arg(sliding_window: int | None) -> int:

@@ -33,7 +33,7 @@ from minivllm.kernels.fused_moe_config import (
     get_config,
     use_decode,
 )
-from minivllm.kernels.fused_moe_decode import fused_moe_decode, silu_mul
+from minivllm.kernels.fused_moe_decode import ACTIVATION_IDS, fused_moe_decode, gated_act
 from minivllm.kernels.moe_align import moe_align_block_size
 from minivllm.kernels.moe_topk import select_experts_triton
 from minivllm.kernels.mxfp4_dequant import load_mxfp4
@@ -82,6 +82,12 @@ def _moe_gemm_kernel(
     GROUP_M: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     USE_PDL: tl.constexpr,
+    bias_ptr=None,  # HAS_BIAS: [E, N (x2 if GATED)] (GATED: the gate biases, then the up biases)
+    stride_bias_e=0,
+    HAS_BIAS: tl.constexpr = False,
+    ACTIVATION: tl.constexpr = 0,  # GATED: ``gated_act``'s
+    ALPHA: tl.constexpr = 1.702,
+    LIMIT: tl.constexpr = 7.0,
 ):
     pdl_wait(USE_PDL)
     # GROUP_M row tiles of one column band run next to each other (their weight tiles meet in L2)
@@ -141,8 +147,13 @@ def _moe_gemm_kernel(
                 acc_up += tl.dot(a, up) * (a_s[:, None] * up_s[None, :])
             else:
                 acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+    if HAS_BIAS:  # before the activation (GEMM 1) or the router weight (GEMM 2), as transformers adds them
+        b_row = bias_ptr + expert * stride_bias_e + rn  # [BN]
+        acc += tl.load(b_row, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(b_row + N, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if GATED:
-        acc = silu_mul(acc, acc_up)
+        acc = gated_act(acc, acc_up, ACTIVATION, ALPHA, LIMIT)
     if MUL_WEIGHT:
         acc *= tl.load(topk_w_ptr + pair, mask=valid, other=0.0)[:, None]
     out = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + rn[None, :]
@@ -227,6 +238,8 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
                      w2_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
                      decode: bool | None = None,
                      decode_tiles: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+                     w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
+                     activation: str = "silu", swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
                      ) -> torch.Tensor:
     """The MoE layer's output ``[n, H]`` in ``x``'s dtype for ``x`` [n, H], ``w13`` [E, 2I, H] (gate rows, then
     up rows), ``w2`` [E, H, I], ``topk_weights`` [n, top_k] and ``topk_ids`` [n, top_k] (``select_experts``).
@@ -244,11 +257,17 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     blocks) and multiply on the FP8 tensor cores; the decode kernels widen the weights in registers and keep
     the activations unquantized.
 
+    gpt-oss's experts: ``w13_bias`` [E, 2I] (gate then up, as ``w13``'s rows) and ``w2_bias`` [E, H] added to
+    each projection's float32 accumulator, and ``activation="swigluoai"`` (``moe_torch.expert_activation``),
+    all in the kernels' epilogues.
+
     MXFP4 experts: ``w13`` uint8 [E, 2I, H/2] and ``w2`` uint8 [E, H, I/2] (two e2m1 values a byte) with uint8
     e8m0 scales ``w13_scale`` [E, 2I, H/32] and ``w2_scale`` [E, H, I/32] (``kernels/mxfp4.py``); both paths
     dequantize the weights in registers and keep the activations in ``x``'s dtype.
     """
     _check_moe_args(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape)
+    epilogue13 = moe_epilogue(w13_bias, (w13.shape[0], w13.shape[1]), activation, swiglu_alpha, swiglu_limit)
+    epilogue2 = moe_epilogue(w2_bias, (w2.shape[0], w2.shape[1]))
     if x.stride(1) != 1:
         x = x.contiguous()
     n, hidden = x.shape
@@ -270,7 +289,8 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
     if decode:
         tiles = decode_tiles or decode_config(n, num_experts, inter, hidden, top_k,
                                               device_name(x.device) if x.is_cuda else None, fp8=fp8)
-        return fused_moe_decode(x, w13, w2, ids, weights, act, out, s13, s2, check_decode_tiles(tiles, top_k), pdl)
+        return fused_moe_decode(x, w13, w2, ids, weights, act, out, s13, s2, check_decode_tiles(tiles, top_k), pdl,
+                                epilogue13, epilogue2)
     if config is None:
         config = get_config(n, num_experts, inter, top_k, device_name(x.device) if x.is_cuda else None, fp8=fp8)
     cfg = check_config(config)
@@ -290,15 +310,33 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_
         a1, w13, act, a1_scale if fp8 else act, s13.tensor if fp8 or mxfp4 else act, weights, sorted_ids, expert_ids,
         post_pad, inter, hidden, n * top_k, max_padded, a1.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
         *_act_scale_strides(a1_scale), *s13.strides, s13.up_row, A_ROW_DIV=top_k, GATED=True, MUL_WEIGHT=False,
-        GROUP_N=s13.group_n, GROUP_K=s13.group_k if block_shape is not None else bk, **common)
+        GROUP_N=s13.group_n, GROUP_K=s13.group_k if block_shape is not None else bk, **common, **epilogue13)
     a2, a2_scale = _quantize(act, block_shape) if fp8 else (act, None)
     picks = torch.empty(n, top_k, hidden, dtype=x.dtype, device=x.device)  # [n, top_k, H]
     _moe_gemm_kernel[(num_m * triton.cdiv(hidden, bn),)](
         a2, w2, picks, a2_scale if fp8 else act, s2.tensor if fp8 or mxfp4 else act, weights, sorted_ids, expert_ids,
         post_pad, hidden, inter, n * top_k, max_padded, a2.stride(0), w2.stride(0), w2.stride(1), hidden,
         *_act_scale_strides(a2_scale), *s2.strides, 0, A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True,
-        GROUP_N=s2.group_n, GROUP_K=s2.group_k if block_shape is not None else bk, **common)
+        GROUP_N=s2.group_n, GROUP_K=s2.group_k if block_shape is not None else bk, **common, **epilogue2)
     return torch.sum(picks, dim=1, out=out)
+
+
+def moe_epilogue(bias: torch.Tensor | None, shape: tuple[int, int], activation: str | None = None,
+                 alpha: float = 1.702, limit: float = 7.0) -> dict:
+    """The kernels' bias and activation arguments for one projection (``shape``: its weight's ``[E, rows]``):
+    ``{}`` for no bias and SiLU, so the unbiased kernels compile as before. ValueError for a bias of another
+    shape or an unknown activation."""
+    if activation is not None and activation not in ACTIVATION_IDS:
+        raise ValueError(f"activation must be one of {tuple(ACTIVATION_IDS)}, got {activation!r}")
+    args = {}
+    if bias is not None:
+        if tuple(bias.shape) != tuple(shape) or bias.stride(1) != 1:
+            raise ValueError(f"an expert bias must be a [E, rows] = {tuple(shape)} tensor with contiguous rows, got "
+                             f"{tuple(bias.shape)}")
+        args.update(bias_ptr=bias, stride_bias_e=bias.stride(0), HAS_BIAS=True)
+    if activation not in (None, "silu"):
+        args.update(ACTIVATION=ACTIVATION_IDS[activation], ALPHA=float(alpha), LIMIT=float(limit))
+    return args
 
 
 def _quantize(a: torch.Tensor, block: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:

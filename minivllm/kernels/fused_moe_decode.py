@@ -19,13 +19,29 @@ import triton.language as tl
 from minivllm.kernels.mxfp4_dequant import load_mxfp4
 from minivllm.kernels.pdl import pdl_wait
 
-__all__ = ["fused_moe_decode", "silu_mul"]
+__all__ = ["fused_moe_decode", "gated_act", "silu_mul"]
+
+#: the kernels' ``ACTIVATION`` constexpr for ``moe_torch.EXPERT_ACTIVATIONS``
+ACTIVATION_IDS = {"silu": 0, "swigluoai": 1}
 
 
 @triton.jit
 def silu_mul(gate, up):
     """``silu(gate) * up`` in float32."""
     return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
+def gated_act(gate, up, ACTIVATION: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr):
+    """The experts' activation in float32: ``silu(gate) * up`` (ACTIVATION 0), or gpt-oss's clamped SwiGLU
+    (1): ``(clamp(up, -LIMIT, LIMIT) + 1) * g * sigmoid(ALPHA * g)``, ``g = min(gate, LIMIT)``."""
+    if ACTIVATION == 1:
+        g = tl.minimum(gate, LIMIT)
+        u = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+        out = (u + 1.0) * (g / (1.0 + tl.exp(-g * ALPHA)))
+    else:
+        out = silu_mul(gate, up)
+    return out
 
 
 @triton.jit
@@ -54,6 +70,12 @@ def _moe_gemv_gate_up_kernel(
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     USE_PDL: tl.constexpr,
+    bias_ptr=None,  # HAS_BIAS: [E, 2N] the gate biases, then the up biases
+    stride_bias_e=0,
+    HAS_BIAS: tl.constexpr = False,
+    ACTIVATION: tl.constexpr = 0,  # ``gated_act``'s
+    ALPHA: tl.constexpr = 1.702,
+    LIMIT: tl.constexpr = 7.0,
 ):
     """One (token, pick) pair a program row (axis 0), ``BLOCK_N`` gate and up rows of its expert a program.
     FP8 and MXFP4 weights are widened and scaled in registers; the activations stay unquantized."""
@@ -84,7 +106,12 @@ def _moe_gemv_gate_up_kernel(
             up *= tl.load(up_s + (k // GROUP_K) * stride_sk, mask=rn < N, other=0.0)[:, None]
         acc_gate += gate * x
         acc_up += up * x
-    out = silu_mul(tl.sum(acc_gate, 1), tl.sum(acc_up, 1))  # [BLOCK_N]
+    gate, up = tl.sum(acc_gate, 1), tl.sum(acc_up, 1)  # [BLOCK_N] each
+    if HAS_BIAS:
+        b_row = bias_ptr + expert * stride_bias_e + rn  # [BLOCK_N]
+        gate += tl.load(b_row, mask=rn < N, other=0.0).to(tl.float32)
+        up += tl.load(b_row + N, mask=rn < N, other=0.0).to(tl.float32)
+    out = gated_act(gate, up, ACTIVATION, ALPHA, LIMIT)  # [BLOCK_N]
     tl.store(out_ptr + pair * stride_om + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
@@ -116,6 +143,9 @@ def _moe_gemv_down_kernel(
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     USE_PDL: tl.constexpr,
+    bias_ptr=None,  # HAS_BIAS: [E, N], added to each pick's row before its router weight
+    stride_bias_e=0,
+    HAS_BIAS: tl.constexpr = False,
 ):
     """One token a program row (axis 0), ``BLOCK_N`` output columns a program (axis 1), ``PICKS`` of its picks
     summed in order (axis 2: the pick group). The picks' K loops run as one loop, so that the load pipeline does
@@ -148,16 +178,23 @@ def _moe_gemv_down_kernel(
                          other=0.0)[:, None]
         acc += w * a[None, :]
     out = tl.sum(acc, 1)  # [BLOCK_N]
+    if HAS_BIAS:  # sum_j w_j * (row_j + bias_j): the biases of this group's picks, weighted
+        for j in tl.static_range(PICKS):
+            pair = token * TOP_K + group * PICKS + j
+            expert = tl.load(ids_ptr + pair).to(tl.int64)
+            bias = tl.load(bias_ptr + expert * stride_bias_e + rn, mask=rn < N, other=0.0).to(tl.float32)
+            out += tl.load(topk_w_ptr + pair) * bias
     tl.store(out_ptr + token * stride_om + group * stride_os + rn, out.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
 def fused_moe_decode(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                      act: torch.Tensor, out: torch.Tensor, s13, s2, tiles: tuple[tuple[int, ...], tuple[int, ...]],
-                     pdl: dict) -> torch.Tensor:
+                     pdl: dict, epilogue13: dict | None = None, epilogue2: dict | None = None) -> torch.Tensor:
     """Writes the layer's output into ``out`` [n, H] and returns it, for ``x`` [n, H], the experts ``w13``
     [E, 2I, H] and ``w2`` [E, H, I], the flat picks ``ids`` / ``weights`` [n * top_k], the activations buffer
     ``act`` [n * top_k, I], the weights' scale layouts ``s13`` / ``s2`` (``fused_moe._Scales``) and checked
-    ``tiles`` (``fused_moe_config.check_decode_tiles``)."""
+    ``tiles`` (``fused_moe_config.check_decode_tiles``). ``epilogue13`` / ``epilogue2``: the gate/up and down
+    kernels' bias and activation arguments (``fused_moe.moe_epilogue``; none: no biases, SiLU)."""
     n, hidden = x.shape
     inter, top_k = act.shape[1], ids.numel() // n
     fp8, mxfp4 = w13.dtype == torch.float8_e4m3fn, w13.dtype == torch.uint8
@@ -170,7 +207,7 @@ def fused_moe_decode(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: 
     _moe_gemv_gate_up_kernel[(n * top_k, triton.cdiv(inter, bn1))](
         x, w13, s13.tensor if fp8 or mxfp4 else act, ids, act, inter, hidden, x.stride(0), w13.stride(0), w13.stride(1),
         act.stride(0), *s13.strides, s13.up_row, TOP_K=top_k, HAS_SCALE=fp8, MXFP4=mxfp4, GROUP_N=s13.group_n,
-        GROUP_K=s13.group_k, BLOCK_N=bn1, BLOCK_K=bk1, NUM_STAGES=st1, num_warps=wp1, **pdl)
+        GROUP_K=s13.group_k, BLOCK_N=bn1, BLOCK_K=bk1, NUM_STAGES=st1, num_warps=wp1, **pdl, **(epilogue13 or {}))
     groups = top_k // picks
     # [n, groups, H] partial sums over each group's picks, summed below; one group writes out directly
     partial = out if groups == 1 else torch.empty(n, groups, hidden, dtype=x.dtype, device=x.device)
@@ -178,5 +215,5 @@ def fused_moe_decode(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: 
         act, w2, s2.tensor if fp8 or mxfp4 else act, ids, weights, partial, hidden, inter, act.stride(0), w2.stride(0),
         w2.stride(1), partial.stride(0), partial.stride(1) if groups > 1 else 0, *s2.strides, TOP_K=top_k,
         PICKS=picks, HAS_SCALE=fp8, MXFP4=mxfp4, GROUP_N=s2.group_n, GROUP_K=s2.group_k, BLOCK_N=bn2, BLOCK_K=bk2,
-        NUM_STAGES=st2, num_warps=wp2, **pdl)
+        NUM_STAGES=st2, num_warps=wp2, **pdl, **(epilogue2 or {}))
     return out if groups == 1 else torch.sum(partial, dim=1, out=out)

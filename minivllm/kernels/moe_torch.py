@@ -30,11 +30,39 @@ def select_experts(router_logits: torch.Tensor, top_k: int,
     return topk_weights, topk_ids.to(torch.int32)
 
 
+def select_experts_topk_softmax(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's routing: each token's ``top_k`` largest logits, then a softmax over those only (in the logits'
+    dtype, as transformers does): ``([n, k] float32, [n, k] int32)``."""
+    top_logits, topk_ids = torch.topk(router_logits, top_k, dim=-1)  # [n, k], [n, k]
+    return torch.softmax(top_logits, dim=-1).float(), topk_ids.to(torch.int32)
+
+
+#: the experts' activations: "silu" ``silu(gate) * up``; "swigluoai" gpt-oss's clamped SwiGLU
+#: ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, limit)``
+EXPERT_ACTIVATIONS = ("silu", "swigluoai")
+
+
+def expert_activation(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu", alpha: float = 1.702,
+                      limit: float = 7.0) -> torch.Tensor:
+    """An expert's activation of its gate and up projections (``[rows, I]`` each) -> ``[rows, I]``."""
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation != "swigluoai":
+        raise ValueError(f"activation must be one of {EXPERT_ACTIVATIONS}, got {activation!r}")
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, *, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-              block_shape: tuple[int, int] | None = None) -> torch.Tensor:
+              block_shape: tuple[int, int] | None = None, w13_bias: torch.Tensor | None = None,
+              w2_bias: torch.Tensor | None = None, activation: str = "silu", swiglu_alpha: float = 1.702,
+              swiglu_limit: float = 7.0) -> torch.Tensor:
     """``sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))`` over each token's experts
     ``e = topk_ids[t, j]``: ``[n, H]`` in ``x``'s dtype.
+
+    gpt-oss: ``w13_bias [E, 2 * I]`` (gate then up, as ``w13``'s rows) and ``w2_bias [E, H]`` added after each
+    projection's matmul (as transformers adds them), and ``activation="swigluoai"`` (``expert_activation``).
 
     The projections run in ``x``'s dtype; the weighted sum over the k picks accumulates in float32, expert by
     expert in increasing order (transformers' order). The loop visits only the experts that have tokens, each
@@ -63,8 +91,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
                                                                           x.dtype, gated=True)  # [2I, H]
         down = w2[expert] if w2_scale is None else dequantize_expert(w2, w2_scale, block_shape, expert, x.dtype)
         h = F.linear(x.index_select(0, rows), gate_up)  # [count, 2 * I]
-        act = F.silu(h[:, :inter]) * h[:, inter:]  # [count, I]
+        if w13_bias is not None:
+            h = h + w13_bias[expert]
+        act = expert_activation(h[:, :inter], h[:, inter:], activation, swiglu_alpha, swiglu_limit)  # [count, I]
         y = F.linear(act, down)  # [count, H]
+        if w2_bias is not None:
+            y = y + w2_bias[expert]
         out.index_add_(0, rows, y.float() * weights[start:start + count, None])
         start += count
     return out.to(x.dtype)

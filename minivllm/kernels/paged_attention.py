@@ -19,6 +19,8 @@ Design:
 - A sliding window (the ``WINDOW`` constexpr; 0 = full attention, whose window branches compile away
   but for an empty masked loop) starts each program's key loop at the tile holding its first query's
   oldest key, and masks the tiles at the window's trailing edge as the diagonal ones are masked.
+- Attention sinks (gpt-oss; the ``HAS_SINKS`` constexpr, compiled away without them): each head's sink logit
+  starts the online softmax as a key of value zero, so it joins the denominator and nothing else.
 - Grids depend only on host ints and tensor shapes (no ``.item()``), so the decode paths can
   be captured in CUDA graphs; programs past a row's length exit early.
 """
@@ -31,10 +33,11 @@ import triton.language as tl
 
 from minivllm.kernels.attention_tiles import (
     LOG2E,
-    NEG_BIG,
     attend_keys,
     check_inputs,
+    check_sinks,
     dot_dtype,
+    softmax_init,
     window_arg,
     window_bounds,
 )
@@ -52,6 +55,7 @@ def _paged_attention_kernel(
     cu_seqlens_q_ptr,  # [num_rows + 1] int32 (unused if IS_DECODE)
     context_lens_ptr,  # [num_rows] int32
     block_tables_ptr,  # [num_rows, max_blocks] int32
+    sinks_ptr,  # [num_heads] (read only if HAS_SINKS)
     qk_scale,
     v_scale,
     stride_qt,
@@ -76,6 +80,7 @@ def _paged_attention_kernel(
     DOT_DTYPE: tl.constexpr,
     USE_PDL: tl.constexpr,
     WINDOW: tl.constexpr = 0,  # > 0: sliding window of WINDOW keys (tiles before it skipped); 0: full
+    HAS_SINKS: tl.constexpr = False,  # each head's sink logit joins its softmax denominator
 ):
     pdl_wait(USE_PDL)
     BLOCK_Q: tl.constexpr = BLOCK_M // G_PAD
@@ -107,8 +112,7 @@ def _paged_attention_kernel(
     q = q.to(DOT_DTYPE)
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+    l_i, m_i = softmax_init(sinks_ptr, head, m_valid, BLOCK_M, HAS_SINKS)
     bt_ptr = block_tables_ptr + row.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kvh * stride_kh
     v_base = v_cache_ptr + kvh * stride_vh
@@ -159,6 +163,7 @@ def paged_attention(
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
     v_scale: float = 1.0,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]
     *,
     block_m: int | None = None,
     block_n: int | None = None,
@@ -172,10 +177,11 @@ def paged_attention(
     each row's device ``context_lens``). Rows with ``q_len == 0`` leave ``out`` untouched.
     An FP8 cache holds ``K / k_scale`` and ``V / v_scale``: give ``scale * k_scale`` as ``scale``, and ``v_scale``.
     ``sliding_window``: a query at position p attends to keys (p - sliding_window, p]; key tiles wholly before
-    a program's window are not read.
+    a program's window are not read. ``sinks``: one logit per query head added to its softmax denominator.
     ``block_m``/``block_n``/``num_warps``/``num_stages`` override the tile configuration (tests, benchmarks).
     """
     num_heads, num_kv_heads, head_dim = check_inputs(query, k_cache, v_cache, block_tables)
+    check_sinks(sinks, num_heads)
     group = num_heads // num_kv_heads
     g_pad = triton.next_power_of_2(group)
     num_rows = context_lens.shape[0]
@@ -194,7 +200,7 @@ def paged_attention(
     grid = (num_rows, triton.cdiv(max_seqlen_q, bm // g_pad), num_kv_heads)
     _paged_attention_kernel[grid](
         out, query, k_cache, v_cache,
-        context_lens if is_decode else cu_seqlens_q, context_lens, block_tables,
+        context_lens if is_decode else cu_seqlens_q, context_lens, block_tables, query if sinks is None else sinks,
         scale * LOG2E, v_scale,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -203,6 +209,6 @@ def paged_attention(
         GROUP=group, G_PAD=g_pad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         IS_DECODE=is_decode, DOT_DTYPE=dot_dtype(query, k_cache), WINDOW=window_arg(sliding_window),
-        num_warps=warps, num_stages=stages, **pdl_options(query),
+        HAS_SINKS=sinks is not None, num_warps=warps, num_stages=stages, **pdl_options(query),
     )  # fmt: skip
     return out

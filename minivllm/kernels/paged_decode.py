@@ -13,7 +13,15 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.attention_tiles import LOG2E, NEG_BIG, attend_keys, check_inputs, dot_dtype, window_arg
+from minivllm.kernels.attention_tiles import (
+    LOG2E,
+    attend_keys,
+    check_inputs,
+    check_sinks,
+    dot_dtype,
+    softmax_init,
+    window_arg,
+)
 from minivllm.kernels.paged_attention import paged_attention
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
@@ -30,6 +38,7 @@ def _split_kv_decode_kernel(
     v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     context_lens_ptr,  # [num_rows] int32
     block_tables_ptr,  # [num_rows, max_blocks] int32
+    sinks_ptr,  # [num_heads] (read only if HAS_SINKS)
     qk_scale,
     stride_qt,
     stride_qh,
@@ -51,6 +60,7 @@ def _split_kv_decode_kernel(
     DOT_DTYPE: tl.constexpr,
     USE_PDL: tl.constexpr,
     WINDOW: tl.constexpr = 0,  # > 0: the splits share the last WINDOW keys only; 0: the whole context
+    HAS_SINKS: tl.constexpr = False,  # each head's sink logit joins its softmax denominator (in split 0 only)
 ):
     pdl_wait(USE_PDL)
     row = tl.program_id(0)
@@ -84,8 +94,7 @@ def _split_kv_decode_kernel(
     q_pos = tl.zeros([BLOCK_M], dtype=tl.int32) + ctx - 1  # [BLOCK_M]
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+    l_i, m_i = softmax_init(sinks_ptr, head, m_valid & (offs_m * 0 + split == 0), BLOCK_M, HAS_SINKS)
     bt_ptr = block_tables_ptr + row.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + kvh * stride_kh
     v_base = v_cache_ptr + kvh * stride_vh
@@ -181,6 +190,7 @@ def paged_decode_split_kv(
     out: torch.Tensor | None = None,  # [num_rows, num_heads, head_dim]
     v_scale: float = 1.0,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]
     *,
     block_n: int | None = None,
 ) -> torch.Tensor:
@@ -189,9 +199,11 @@ def paged_decode_split_kv(
     Partial (max, sum, acc) go to float32 scratch of shape fixed by (num_rows, num_splits), so
     the two launches are CUDA-graph safe. ``num_splits=None`` picks it with
     :func:`choose_num_splits`. Rows with context 0 (graph padding) produce zeros. With a
-    ``sliding_window`` the splits share the key tiles of the last ``sliding_window`` positions.
+    ``sliding_window`` the splits share the key tiles of the last ``sliding_window`` positions. ``sinks``: one
+    logit per query head in its softmax denominator (the first split counts it, the reduction carries it).
     """
     num_heads, num_kv_heads, head_dim = check_inputs(query, k_cache, v_cache, block_tables)
+    check_sinks(sinks, num_heads)
     num_rows = context_lens.shape[0]
     assert query.shape[0] >= num_rows
     group = num_heads // num_kv_heads
@@ -211,7 +223,7 @@ def paged_decode_split_kv(
     bn = block_n or (64 if head_dim <= 128 else 32)
     _split_kv_decode_kernel[(num_rows, num_kv_heads, num_splits)](
         m_part, l_part, acc_part, query, k_cache, v_cache, context_lens, block_tables,
-        scale * LOG2E,
+        query if sinks is None else sinks, scale * LOG2E,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -219,7 +231,7 @@ def paged_decode_split_kv(
         NUM_HEADS=num_heads, NUM_SPLITS=num_splits, GROUP=group,
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=bn, BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, DOT_DTYPE=dot_dtype(query, k_cache), WINDOW=window,
-        num_warps=4, num_stages=2, **pdl_options(query),
+        HAS_SINKS=sinks is not None, num_warps=4, num_stages=2, **pdl_options(query),
     )  # fmt: skip
     _split_kv_reduce_kernel[(num_rows, num_heads)](
         out, m_part, l_part, acc_part, v_scale, out.stride(0), out.stride(1),
@@ -241,6 +253,7 @@ def paged_decode(
     out: torch.Tensor | None = None,
     v_scale: float = 1.0,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]
 ) -> torch.Tensor:
     """Decode attention: split-KV when the batch cannot fill the GPU, else the unified kernel.
 
@@ -255,11 +268,11 @@ def paged_decode(
     if num_splits > 1:
         return paged_decode_split_kv(
             query, k_cache, v_cache, context_lens, block_tables, scale, max_context_len, num_splits, out, v_scale,
-            sliding_window,
+            sliding_window, sinks,
         )
     return paged_attention(
         query, k_cache, v_cache, None, context_lens, block_tables, scale, 1, max_context_len, out, v_scale,
-        sliding_window,
+        sliding_window, sinks,
     )
 
 

@@ -62,10 +62,12 @@ def paged_attention_ref(
     block_tables: torch.Tensor,  # [num_rows, max_blocks] int
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each row's new queries over its cached + new keys (float32 softmax).
 
-    ``sliding_window``: the query at position p sees only keys (p - sliding_window, p] (transformers' rule)."""
+    ``sliding_window``: the query at position p sees only keys (p - sliding_window, p] (transformers' rule).
+    ``sinks`` (gpt-oss): one logit per head that joins each query's softmax denominator and nothing else."""
     if isinstance(cu_seqlens_q, torch.Tensor):
         cu_seqlens_q = cu_seqlens_q.tolist()
     if isinstance(context_lens, torch.Tensor):
@@ -90,9 +92,22 @@ def paged_attention_ref(
         mask = k_pos <= q_pos  # [q_len, ctx - lo]
         if sliding_window is not None:
             mask &= k_pos > q_pos - sliding_window
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [num_heads, q_len, head_dim]
+        if sinks is None:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [num_heads, q_len, head_dim]
+        else:
+            scores = (q @ k.transpose(1, 2) * scale).masked_fill(~mask, float("-inf"))  # [num_heads, q_len, ctx - lo]
+            o = softmax_with_sinks(scores, sinks.float().view(-1, 1, 1)) @ v  # [num_heads, q_len, head_dim]
         out[start:end] = o.transpose(0, 1).to(query.dtype)
     return out
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Softmax of ``scores`` ([..., keys] float32) whose denominator also counts ``exp(sink)`` (``sinks``
+    broadcast to ``[..., 1]``): transformers' gpt-oss order, a softmax over the keys and the sink, the sink's
+    column dropped."""
+    combined = torch.cat([scores, sinks.expand(*scores.shape[:-1], 1)], dim=-1)  # [..., keys + 1]
+    combined = combined - combined.amax(dim=-1, keepdim=True)
+    return combined.softmax(-1)[..., :-1]
 
 
 def paged_decode_torch(
@@ -103,10 +118,12 @@ def paged_decode_torch(
     block_tables: torch.Tensor,  # [num_rows, max_blocks] int, -1 padded
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]
 ) -> torch.Tensor:  # [num_rows, num_heads, head_dim]
     """Decode attention for the whole batch at once (the CPU backend's fast path; same math as
     ``paged_attention_ref``): gather every row's blocks into one padded tensor, mask past each
-    row's context (and before its window), one batched softmax in float32."""
+    row's context (and before its window), one batched softmax in float32 (with each head's sink in its
+    denominator where ``sinks`` is given)."""
     num_rows, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     max_ctx = max(context_lens)
@@ -123,7 +140,11 @@ def paged_decode_torch(
     if sliding_window is not None:
         mask &= k_pos >= (lens - sliding_window).unsqueeze(1)
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-    out = torch.einsum("rkgt,rtkd->rkgd", scores.softmax(-1), v.float())  # [rows, kv, g, d]
+    if sinks is None:
+        probs = scores.softmax(-1)
+    else:
+        probs = softmax_with_sinks(scores, sinks.float().view(num_kv_heads, group, 1))  # [rows, kv, g, ctx]
+    out = torch.einsum("rkgt,rtkd->rkgd", probs, v.float())  # [rows, kv, g, d]
     return out.reshape(num_rows, num_heads, head_dim).to(query.dtype)
 
 

@@ -17,13 +17,15 @@ def triton_attention(
     scale: float,
     v_scale: float = 1.0,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,  # [num_heads]
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Attend over the paged cache, which already holds this step's K/V (an FP8 cache: ``K / k_scale`` and
     ``V / v_scale``, with ``scale`` given times ``k_scale``), over the last ``sliding_window`` keys of each
-    query where it is set."""
+    query where it is set, with each head's ``sinks`` logit in its softmax denominator where given."""
     if meta.is_decode:
         # NOTE: decode-only steps may run inside a CUDA graph: nothing here reads device values.
         return paged_decode(q, k_cache, v_cache, meta.context_lens, meta.block_tables, scale, meta.max_context_len,
-                            v_scale=v_scale, sliding_window=sliding_window)
+                            v_scale=v_scale, sliding_window=sliding_window, sinks=sinks)
     return paged_attention(q, k_cache, v_cache, meta.cu_seqlens_q, meta.context_lens, meta.block_tables, scale,
-                           meta.max_seqlen_q, meta.max_context_len, v_scale=v_scale, sliding_window=sliding_window)
+                           meta.max_seqlen_q, meta.max_context_len, v_scale=v_scale, sliding_window=sliding_window,
+                           sinks=sinks)

@@ -20,6 +20,9 @@ class Attention(nn.Module):
 
     ``sliding_window``: the query at position p attends to keys (p - sliding_window, p] only (None: all of
     0..p). The cache still holds every block of the sequence; the kernels skip those left behind.
+
+    ``sinks`` (gpt-oss; None elsewhere): a parameter of one logit per local query head, set by the model, that
+    joins each softmax denominator and nothing else.
     """
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int, backend: str = "torch",
@@ -31,6 +34,7 @@ class Attention(nn.Module):
         self.backend, self.sliding_window = backend, sliding_window
         self.k_cache = self.v_cache = torch.tensor([])
         self.k_scale = self.v_scale = 1.0
+        self.sinks: nn.Parameter | None = None  # [num_heads]
 
     def load_kv_scale(self, which: str, loaded: torch.Tensor) -> None:
         """Take a checkpoint's ``k_scale`` / ``v_scale`` (``which``: "k" or "v"; one positive value)."""
@@ -67,12 +71,12 @@ class Attention(nn.Module):
             from minivllm.kernels.triton_backend import triton_attention
 
             return triton_attention(q, self.k_cache, self.v_cache, meta, self.scale * k_scale, v_scale,
-                                    self.sliding_window)
+                                    self.sliding_window, self.sinks)
         if meta.is_decode and meta.context_lens_cpu:
             o = paged_decode_torch(q, self.k_cache, self.v_cache, meta.context_lens_cpu, meta.block_tables,
-                                   self.scale * k_scale, self.sliding_window)
+                                   self.scale * k_scale, self.sliding_window, self.sinks)
         else:
             o = paged_attention_ref(q, self.k_cache, self.v_cache, meta.cu_seqlens_q_cpu or meta.cu_seqlens_q,
                                     meta.context_lens_cpu or meta.context_lens, meta.block_tables, self.scale * k_scale,
-                                    self.sliding_window)
+                                    self.sliding_window, self.sinks)
         return o if v_scale == 1.0 else o * v_scale

@@ -97,3 +97,46 @@ class ShardedRMSNorm(RMSNorm):
         self.group.all_reduce(sum_sq)
         x = x * torch.rsqrt(sum_sq / (self.replicas * self.full_size) + self.eps)
         return x.to(dtype) * self.weight
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: ``normalise(x) * (1 + weight)`` in float32, rounded to x's dtype once at the end (the
+    checkpoint stores ``weight`` as an offset from one).
+
+    With a ``residual``, ``x + residual`` (in x's dtype) is normalised and also returned as the new residual.
+    ``fused=True`` runs the Triton RMSNorm with the weight ``1 + weight`` in float32; that kernel rounds the
+    normalised row to x's dtype before the multiply, so half-precision results may differ from the torch code
+    in the last bit.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, fused: bool = False):
+        super().__init__()
+        self.eps, self.fused = eps, fused
+        self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+        self._scale: torch.Tensor | None = None
+
+    def scale(self) -> torch.Tensor:
+        """``1 + weight`` in float32 [hidden], the weight the fused kernels take. NOTE: computed at the first
+        call and kept, so the weights must be loaded by then (the engine's first forward comes after loading)."""
+        if self._scale is None:
+            self._scale = 1.0 + self.weight.float()
+        return self._scale
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """``x`` [..., hidden] -> normalised; with ``residual``, (normalised ``x + residual``, ``x + residual``).
+        NOTE: the fused path with a residual writes in place into ``x`` and ``residual``."""
+        if self.fused:
+            from minivllm.kernels.fused_norm import fused_add_rms_norm, rms_norm
+
+            if residual is None:
+                return rms_norm(x, self.scale(), self.eps)
+            return fused_add_rms_norm(x, residual, self.scale(), self.eps, inplace=True)
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x

@@ -31,10 +31,13 @@ def load_weights(model: nn.Module, path: str) -> None:
     packed = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    ignored = tuple(getattr(model, "ignored_checkpoint_prefixes", ()))  # e.g. a vision tower the model lacks
     expert_parts: dict[str, set[tuple]] = {}  # stacked expert weights: the (expert, shard) pairs loaded
     for file in files:
         with safe_open(file, "pt", "cpu") as f:
             for name in f.keys():
+                if ignored and name.startswith(ignored):
+                    continue
                 if "rotary_emb.inv_freq" in name or name.endswith(".input_scale"):
                     continue  # FP8 activations are scaled per token at run time, not by a stored scale
                 if name == "lm_head.weight" and getattr(model, "tie_word_embeddings", False):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from minivllm.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+from minivllm.models.gpt_oss import GptOssForCausalLM
 from minivllm.models.mistral import MistralForCausalLM
 from minivllm.models.mixtral import MixtralForCausalLM
 from minivllm.models.olmoe import OlmoeForCausalLM
@@ -18,6 +20,9 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 

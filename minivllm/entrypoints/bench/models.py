@@ -30,6 +30,9 @@ ALIASES = {
     "mistral-small-24b": "mistral-small-24b",
     "mistral-small-24b-base-2501": "mistral-small-24b",
     "mistral-small-24b-instruct-2501": "mistral-small-24b",
+    "gpt-oss-20b": "gpt-oss-20b",
+    "gpt-oss-120b": "gpt-oss-120b",
+    **{f"gemma-3-{size}{tail}": f"gemma-3-{size}" for size in ("1b", "4b", "12b", "27b") for tail in ("", "-it", "-pt")},
 }
 
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from minivllm.engine.tokenizer import chat_template_args
+from minivllm.engine.tokenizer import chat_template_args, refuse_media_parts
 from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 # ---------------------------------------------------------------- output constraints and tools
@@ -199,7 +199,8 @@ class ChatMessage(BaseModel):
         if calls is not None:
             d["tool_calls"] = [_template_call(c) for c in calls] if isinstance(calls, list) else calls
         if isinstance(self.content, list):
-            if any(p.get("type") != "text" or not isinstance(p.get("text"), str) for p in self.content):
+            refuse_media_parts([{"content": self.content}])  # an image_url part: no encoder for it
+            if any(not isinstance(p.get("text"), str) for p in self.content):
                 raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
             d["content"] = "".join(p["text"] for p in self.content)
         d.setdefault("content", "")
