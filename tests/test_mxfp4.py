@@ -460,3 +460,73 @@ def test_gpt_oss_checkpoint_writer(tmp_path):
     gate_up = ref[f"{prefix}.gate_up_proj"].transpose(1, 2)  # [E, 2I, H]
     assert torch.equal(dequantize_mxfp4(layer.w13_weight, layer.w13_weight_scale),
                        torch.cat([gate_up[:, ::2], gate_up[:, 1::2]], 1))
+
+
+# ------------------------------------------------------------------ gpt-oss with MXFP4 experts
+
+@pytest.fixture(scope="module")
+def gpt_oss_mxfp4(tmp_path_factory) -> tuple[str, str]:
+    """The tiny gpt-oss (H 64, I 32, 8 experts, top-3, expert biases, sliding layers) with its experts in MXFP4 as
+    gpt-oss is published, and the same in float32 with the experts transformers' dequantization of them."""
+    from tests.helpers.gpt_oss_checkpoints import build_gpt_oss_checkpoint
+    from tests.helpers.mxfp4_checkpoints import write_gpt_oss_mxfp4
+
+    root = tmp_path_factory.mktemp("gpt-oss-mxfp4")
+    src = build_gpt_oss_checkpoint(root / "src", seed=3)
+    return tuple(str(p) for p in write_gpt_oss_mxfp4(str(src), root))
+
+
+def test_gpt_oss_mxfp4_matches_transformers(gpt_oss_mxfp4):
+    """The issue's acceptance: 8 prompts x 32 greedy tokens of the MXFP4 checkpoint (experts packed, uint8; the
+    biases float32) are transformers' on the same experts (its dequantization of the blocks), in float32."""
+    from tests.test_engine_correctness import GREEDY as GREEDY32
+    from tests.test_engine_correctness import PROMPTS as TEXT_PROMPTS
+    from tests.test_engine_correctness import check_against_hf, token_prompts
+
+    mxfp4, reference = gpt_oss_mxfp4
+    with LLM(mxfp4, **KW) as llm:
+        layers = _experts(llm)
+        assert len(layers) == 3 and all(m.w13_weight.dtype == m.w2_weight_scale.dtype == torch.uint8
+                                        and m.w13_bias.dtype == torch.float32 for m in layers)
+        ids = token_prompts(llm, TEXT_PROMPTS[:8])
+        outputs = llm.generate(TEXT_PROMPTS[:8], GREEDY32, use_tqdm=False)
+    check_against_hf(reference, llm, ids, outputs)
+
+
+@pytest.mark.slow
+def test_gpt_oss_mxfp4_tp2_matches_tp1(tmp_path):
+    """TP=2 over gloo (I = 64: 32 channels, one scale group of ``down``, a rank) gives TP=1's greedy tokens."""
+    from tests.helpers.gpt_oss_checkpoints import build_gpt_oss_checkpoint
+    from tests.helpers.mxfp4_checkpoints import write_gpt_oss_mxfp4
+
+    src = build_gpt_oss_checkpoint(tmp_path / "src", seed=4, intermediate_size=64)
+    mxfp4, _ = write_gpt_oss_mxfp4(str(src), tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with LLM(str(mxfp4), **KW) as llm:
+            one = _tokens(llm, PROMPTS[:4])
+        with LLM(str(mxfp4), tensor_parallel_size=2, **KW) as llm:
+            two = _tokens(llm, PROMPTS[:4])
+    finally:
+        torch.set_num_threads(threads)
+    assert two == one
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_gpt_oss_mxfp4_triton_layer_equals_torch(gpt_oss_mxfp4, monkeypatch):
+    """The Triton kernels on gpt-oss's packed experts with biases and the clamped SwiGLU (interpreter): one
+    loaded layer's decode (1 row) and grouped (24 rows) paths equal its torch path."""
+    gpu_rounding_in_interpreter(monkeypatch)
+    with LLM(gpt_oss_mxfp4[0], attention_backend="triton", **KW) as llm:
+        layer = _experts(llm)[0]
+        assert layer.backend == "triton" and layer.activation == "swigluoai"
+        g = torch.Generator().manual_seed(0)
+        for n in (1, 24):
+            x, logits = torch.randn(n, 64, generator=g), torch.randn(n, 8, generator=g)
+            got = layer(x, logits)
+            layer.backend = "torch"
+            want = layer(x, logits)
+            layer.backend = "triton"
+            assert rel_err(got, want) < 1e-5, n

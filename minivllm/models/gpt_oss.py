@@ -5,7 +5,9 @@ experts have biases and a clamped SwiGLU.
 The checkpoint stores each layer's experts stacked and transposed (``mlp.experts.gate_up_proj [E, H, 2I]`` with
 gate and up interleaved column by column, ``down_proj [E, I, H]``, their biases ``[E, 2I]`` / ``[E, H]``): the
 loaders here cut and reorder them into ``FusedMoE``'s ``w13 [E, 2 * I_rank, H]`` (gate rows, then up rows) and
-``w2 [E, H, I_rank]``.
+``w2 [E, H, I_rank]``. MXFP4 checkpoints (gpt-oss as published: ``*_blocks`` / ``*_scales``) keep the
+experts packed (``layers/quantization/mxfp4_moe.py``); the biases, attention and router stay in the model's
+dtype.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from minivllm.config.model import ArchConfig
 from minivllm.distributed.group import TPGroup
 from minivllm.layers.fused_moe import FusedMoE
 from minivllm.layers.linear import ReplicatedLinear, RowParallelLinear
+from minivllm.layers.quantization.mxfp4_moe import pack_experts_at_construction
 from minivllm.models.qwen3 import DecoderAttention, Qwen3ForCausalLM
 
 
@@ -37,6 +40,8 @@ class GptOssMoE(nn.Module):
         experts.w13_bias.weight_loader = lambda p, b: load_gate_up(experts, p, b, 1)
         experts.w2_weight.weight_loader = lambda p, w: load_down(experts, p, w)
         experts.w2_bias.weight_loader = lambda p, b: p.data.copy_(b if experts.tp_rank == 0 else torch.zeros_like(b))
+        # NOTE: after the float loaders above: MXFP4 experts replace w13/w2 by packed ones with their own loaders
+        pack_experts_at_construction(experts, cfg.quantization_config)
 
     def input_quant(self, x: torch.Tensor) -> None:
         """The norm before this block hands over its rows unquantized (``SparseMoeBlock.input_quant``)."""
@@ -73,8 +78,9 @@ def add_sinks_and_output_bias(attn: DecoderAttention, cfg: ArchConfig, tp_group:
 
 
 class GptOssForCausalLM(Qwen3ForCausalLM):
-    """``GptOssForCausalLM`` checkpoints in bf16 / fp32 (MXFP4 experts are not read here): ``self_attn.sinks``
-    lands in each layer's paged attention, ``mlp.router`` routes, ``mlp.experts.*`` fill the fused experts."""
+    """``GptOssForCausalLM`` checkpoints in bf16 / fp32, or with MXFP4 experts: ``self_attn.sinks`` lands in each
+    layer's paged attention, ``mlp.router`` routes, ``mlp.experts.*`` fill the fused experts (``*_blocks`` /
+    ``*_scales`` their packed weights and scales, through the loader's MXFP4 names)."""
 
     qk_norm = None
     checkpoint_substr_mapping = {
