@@ -144,16 +144,18 @@ def test_shipped_gpt_oss_configs():
         assert arch.rope_scaling["rope_type"] == "yarn" and arch.rope_scaling["truncate"] is False
         assert (arch.rope_theta, arch.swiglu_limit, arch.swiglu_alpha, arch.attention_bias) == (150000.0, 7.0, 1.702,
                                                                                                 True)
-        assert arch.quantization_config is None  # bf16 experts with dummy weights
+        assert arch.quantization_config["quant_method"] == "mxfp4"  # packed experts, as published
     assert 20.8e9 < small.num_params() < 21.0e9 and 116.7e9 < big.num_params() < 116.9e9
     with torch.device("meta"):  # the model's shapes, without its memory
         model = GptOssForCausalLM(small, max_position=4096)
     layer = model.model.layers[0]
     assert layer.self_attn.qkv_proj.bias.shape == ((64 + 2 * 8) * 64,) and layer.self_attn.o_proj.bias.shape == (2880,)
     assert layer.self_attn.attn.sinks.shape == (64,)
-    experts = layer.mlp.experts
-    assert experts.w13_weight.shape == (32, 2 * 2880, 2880) and experts.w13_bias.shape == (32, 2 * 2880)
-    assert experts.w2_weight.shape == (32, 2880, 2880) and experts.w2_bias.shape == (32, 2880)
+    experts = layer.mlp.experts  # MXFP4: two e2m1 values a byte, a scale a 32 (tests/test_mxfp4.py)
+    assert experts.w13_weight.shape == (32, 2 * 2880, 2880 // 2) and experts.w13_bias.shape == (32, 2 * 2880)
+    assert experts.w2_weight.shape == (32, 2880, 2880 // 2) and experts.w2_bias.shape == (32, 2880)
+    assert experts.w13_weight.dtype == experts.w2_weight_scale.dtype == torch.uint8
+    assert experts.w13_weight_scale.shape == (32, 2 * 2880, 2880 // 32)
 
 
 def test_default_layer_types_and_rope():
