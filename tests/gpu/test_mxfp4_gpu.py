@@ -1,6 +1,7 @@
 """MXFP4 experts in the fused MoE Triton kernels on a GPU at gpt-oss's shapes (gpt-oss-20b: E 32, top-4, H = I =
 2880; gpt-oss-120b: E 128, top-4; and each at TP=2, I = 1440): both paths against the float32 MoE loop over the
-dequantized experts, the decode path against the grouped one, and CUDA-graph replay equal to eager.
+dequantized experts, the decode path against the grouped one, CUDA-graph replay equal to eager, and a tiny gpt-oss
+with MXFP4 experts through the engine (CUDA graphs, eager, the CPU's torch backend).
 
 The kernels dequantize the weights exactly (e2m1 x 2^k is exact in bf16) and multiply bf16 activations by them; the
 bound is the bf16 torch path's own error against float32 (tests/gpu/test_fused_moe_gpu.py's criterion)."""
@@ -88,3 +89,34 @@ def test_mxfp4_cuda_graph_replay_equals_eager(m, decode):
         eager = fused_moe_triton(x, b13, b2, eager_w, eager_ids, **kw)
         assert torch.equal(ids, eager_ids)
         torch.testing.assert_close(out, eager, rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt_oss_mxfp4(tmp_path_factory) -> str:
+    from tests.helpers.gpt_oss_checkpoints import build_gpt_oss_checkpoint
+    from tests.helpers.mxfp4_checkpoints import write_gpt_oss_mxfp4
+
+    root = tmp_path_factory.mktemp("gpt-oss-mxfp4-gpu")
+    return str(write_gpt_oss_mxfp4(str(build_gpt_oss_checkpoint(root / "src", seed=3)), root)[0])
+
+
+def test_gpt_oss_mxfp4_engine_gpu_equals_cpu(tiny_gpt_oss_mxfp4):
+    """The tiny gpt-oss with MXFP4 experts, float32, prompts and generations past its 12-token window: CUDA
+    graphs give eager's greedy tokens (the MXFP4 kernels under capture), and both the CPU torch backend's first
+    tokens (then most whole sequences, allowing for GPU rounding): tests/gpu/test_gpt_oss_gpu.py's criterion."""
+    from minivllm import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    prompts = [f"def function_{i}(x):\n    return " + "x + " * i for i in range(24)]
+    with LLM(tiny_gpt_oss_mxfp4, device="cpu") as llm:
+        cpu = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    gpu = {}
+    for eager in (True, False):
+        with LLM(tiny_gpt_oss_mxfp4, device="cuda", dtype="float32", enforce_eager=eager,
+                 gpu_memory_utilization=0.3) as llm:
+            experts = [m for m in llm.engine.executor.runner.model.modules() if type(m).__name__ == "FusedMoE"]
+            assert experts and all(m.w13_weight.dtype == torch.uint8 for m in experts)
+            gpu[eager] = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert gpu[False] == gpu[True]
+    assert [g[:8] for g in gpu[True]] == [c[:8] for c in cpu]
+    assert sum(g == c for g, c in zip(gpu[True], cpu)) >= 20
