@@ -19,6 +19,9 @@ class CacheConfig:
     enable_prefix_caching: bool = arg(True, "share the KV blocks of common prompt prefixes between requests")
     kv_cache_dtype: str = arg("auto", "auto (the model's dtype) or fp8 (e4m3, values saturated at +-448, scale "
                                       "1: half the bytes of bf16, some accuracy lost)", choices=("auto", "fp8"))
+    disable_hybrid_kv_cache_manager: bool = arg(
+        False, "keep every block of a sequence for every layer: sliding-window layers do not release the blocks "
+               "their window left, and one block pool serves all layers")
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -42,13 +42,19 @@ def blocks_per_seq(sliding_window: int | None, num_tokens: int, block_size: int,
     return min(full, -(-(sliding_window - 1 + min(chunk, num_tokens)) // block_size) + 1)
 
 
-def split_blocks(budget_bytes: int, block_bytes: list[int], per_seq: list[int]) -> list[int]:
-    """Blocks of each group within ``budget_bytes``: each group's share is proportional to the bytes a sequence
-    needs there (``per_seq[g]`` blocks of ``block_bytes[g]`` bytes), so every group holds the same number of
-    such sequences. One group takes the whole budget."""
+def split_blocks(budget_bytes: int, block_bytes: list[int], per_seq: list[int],
+                 min_blocks: list[int] | None = None) -> list[int]:
+    """Blocks of each group within ``budget_bytes``: each group first gets ``min_blocks[g]`` (what one sequence
+    needs at worst, so that it can always finish), then a share of the rest proportional to the bytes a
+    sequence needs there (``per_seq[g]`` blocks of ``block_bytes[g]`` bytes), so that every group holds the same
+    number of such sequences. One group takes the whole budget."""
     if len(block_bytes) != len(per_seq) or not block_bytes:
         raise ValueError("need one block size and one per-sequence count for each group")
     if len(block_bytes) == 1:
         return [budget_bytes // block_bytes[0]]
+    min_blocks = min_blocks or [0] * len(per_seq)
+    rest = budget_bytes - sum(m * b for m, b in zip(min_blocks, block_bytes))
+    if rest < 0:  # too small for one sequence: the scheduler refuses it by name
+        min_blocks, rest = [0] * len(per_seq), budget_bytes
     per_seq_bytes = sum(n * b for n, b in zip(per_seq, block_bytes))
-    return [budget_bytes * n // per_seq_bytes for n in per_seq]
+    return [m + rest * n // per_seq_bytes for m, n in zip(min_blocks, per_seq)]
