@@ -51,6 +51,8 @@ class Scheduler:
         block_manager.check_fits(max_model_len, max_num_batched_tokens)
         self.block_manager = block_manager
         self.num_groups = block_manager.num_groups
+        # a running sequence's allocation (no prefix hits): the one group's own method when there is one
+        self._grow = block_manager.managers[0].allocate_slots if self.num_groups == 1 else block_manager.allocate_slots
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -113,7 +115,7 @@ class Scheduler:
                 continue  # its pending token is its last one; computing it would be wasted
             remaining = seq.num_uncomputed_tokens
             num_new = min(remaining, budget, self._chunk_cap())
-            while not self.block_manager.allocate_slots(seq, num_new):
+            while not self._grow(seq, num_new):
                 victim = self._pick_victim(seq, scheduled_ids)
                 self._preempt(victim)
                 preempted.append(victim)
