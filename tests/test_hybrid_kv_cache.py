@@ -23,6 +23,7 @@ from minivllm.core.sequence import Sequence
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.input_batch import InputBatch
 from tests.helpers.scheduler_utils import fake_tokens, new_seq
+from tests.test_scheduler_property import workloads as single_group_workloads
 
 
 # ------------------------------------------------------------------ layout and budget
@@ -292,3 +293,92 @@ def test_gemma3_sliding_layers_release_their_blocks(gemma3):
                 seen_release = True
     assert seen_release
     assert engine.block_manager.check_integrity()["used"] == 0
+
+
+# ------------------------------------------------------------------ asynchronous scheduling over two groups
+class TwoGroupDevice:
+    """A fake device with a full and a sliding cache of token values, written and read only through the block
+    tables the scheduler's outputs give (kept as the runner's batch keeps them: stale ids of released blocks
+    included), one step after another as the GPU's stream runs them. Each row writes its new tokens into both
+    caches, then reads its window through the sliding tables: it must read what the full tables read. With
+    ``kv`` (synchronous scheduling: the managers are in the step's state), every block read is also live there."""
+
+    def __init__(self, block_size: int, window: int, kv: KVCacheManager | None = None):
+        self.bs, self.window, self.manager = block_size, window, kv
+        self.kv: list[dict[int, int]] = [{}, {}]  # per group: slot -> the token whose K/V it holds
+        self.tables: dict[int, list[list[int]]] = {}  # seq id -> [full table, sliding table]
+        self.last: list[int] = []
+
+    def _read(self, group: int, seq_id: int, pos: int) -> int:
+        block = self.tables[seq_id][group][pos // self.bs]
+        assert block != NULL_BLOCK, f"read position {pos} through a released block"
+        if self.manager is not None:
+            assert self.manager.group_tables(seq_id)[group][pos // self.bs] == block, f"position {pos}: block gone"
+        return self.kv[group][block * self.bs + pos % self.bs]
+
+    def sample(self, out) -> list[int]:
+        for seq_id in out.finished_seq_ids:
+            del self.tables[seq_id]
+        for req in out.new_requests:
+            self.tables[req.seq_id] = [list(req.block_ids), list(req.group_block_ids[0])]
+        sampled = []
+        for row in out.rows:
+            tables = self.tables[row.seq_id]
+            tables[0] += row.new_block_ids
+            tables[1] += (row.new_group_block_ids or ((),))[0]
+            new = [self.last[row.prev_sampled_row]] if row.prev_sampled_row >= 0 else list(row.token_ids)
+            for i, t in enumerate(new):
+                pos = row.num_computed_tokens + i
+                for g in (0, 1):
+                    self.kv[g][tables[g][pos // self.bs] * self.bs + pos % self.bs] = t
+            if row.sampled:
+                end = row.num_computed_tokens + len(new)
+                context = [self._read(0, row.seq_id, p) for p in range(end)]
+                window = [self._read(1, row.seq_id, p) for p in range(max(0, end - self.window), end)]
+                assert window == context[len(context) - len(window):]
+                sampled.append(4 + (sum(context[-3:]) * 7 + 3 * sum(window) + len(context)) % 50)
+        self.last = sampled
+        return sampled
+
+
+def _run_two_groups(workload, async_scheduling: bool) -> dict[int, tuple[list[int], str]]:
+    (block_size, num_blocks, max_model_len, reqs, cfg), window, extra = workload
+    cfg = dict(cfg)
+    caching = cfg.pop("enable_prefix_caching")
+    need = blocks_per_seq(window, max_model_len, block_size, cfg["max_num_batched_tokens"])
+    kv = KVCacheManager([BlockManager(num_blocks, block_size, caching),
+                         BlockManager(need + extra, block_size, caching, sliding_window=window)])
+    sched = Scheduler(kv, max_model_len=max_model_len, eos_token_ids=[0], **cfg)
+    device = TwoGroupDevice(block_size, window, None if async_scheduling else kv)
+    pending = sorted(enumerate(reqs), key=lambda x: x[1][0])
+    seqs: dict[int, Sequence] = {}
+    inflight, step = None, 0
+    while pending or not sched.is_finished() or inflight is not None:
+        while pending and pending[0][1][0] <= step:
+            i, (_, prompt, max_tokens) = pending.pop(0)
+            seqs[i] = new_seq(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=i % 3 == 0))
+            sched.add(seqs[i])
+        out = sched.schedule()
+        launched = (out, device.sample(out)) if not out.is_empty else None
+        previous, inflight = (inflight, launched) if async_scheduling else (launched, None)
+        if previous is not None:
+            sched.update_from_output(*previous)
+        sched.check_integrity()
+        step += 1
+        assert step < 100_000
+    assert kv.check_integrity()["used"] == 0
+    return {i: (s.token_ids, s.finish_reason) for i, s in seqs.items()}
+
+
+@st.composite
+def two_group_workloads(draw):
+    return draw(single_group_workloads()), draw(st.integers(1, 40)), draw(st.integers(0, 8))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(two_group_workloads())
+def test_async_scheduling_over_two_groups_reads_every_window(workload):
+    """Random workloads (EOS stops, chunks, prefix hits, preemption) over a full and a sliding pool: every
+    window the device reads through the sliding tables holds the tokens the full tables hold, and asynchronous
+    scheduling gives the synchronous tokens."""
+    assert _run_two_groups(workload, True) == _run_two_groups(workload, False)
