@@ -33,22 +33,27 @@ class KVCacheManager:
     # ----------------------------------------------------------------- queries
     @property
     def num_blocks(self) -> int:
+        """Blocks of every group's pool."""
         return sum(m.num_blocks for m in self.managers)
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks an allocation may take now, in every group."""
         return sum(m.num_free_blocks for m in self.managers)
 
     @property
     def num_used_blocks(self) -> int:
+        """Blocks some sequence holds, in every group."""
         return sum(m.num_used_blocks for m in self.managers)
 
     @property
     def num_cached_blocks(self) -> int:
+        """Evictable blocks holding reusable prefix content, in every group."""
         return sum(m.num_cached_blocks for m in self.managers)
 
     @property
     def seq_ids(self) -> set[int]:
+        """The sequences that hold blocks (the same in every group)."""
         return self.managers[0].seq_ids
 
     def block_table(self, seq_id: int) -> tuple[int, ...]:
@@ -84,11 +89,6 @@ class KVCacheManager:
             n = min(len(h) for h in hits)
         return hits
 
-    @staticmethod
-    def num_hit_tokens(hits: list[list[int]], block_size: int) -> int:
-        """Tokens a ``get_computed_blocks`` hit covers."""
-        return len(hits[0]) * block_size
-
     # ---------------------------------------------------------------- updates
     def allocate_slots(self, seq: Sequence, num_new_tokens: int,
                        computed_blocks: list[list[int]] | None = None) -> bool:
@@ -110,6 +110,7 @@ class KVCacheManager:
             m.free(seq)
 
     def reset_prefix_cache(self) -> None:
+        """Forget every group's cached block contents."""
         for m in self.managers:
             m.reset_prefix_cache()
 
