@@ -382,3 +382,22 @@ def test_async_scheduling_over_two_groups_reads_every_window(workload):
     window the device reads through the sliding tables holds the tokens the full tables hold, and asynchronous
     scheduling gives the synchronous tokens."""
     assert _run_two_groups(workload, True) == _run_two_groups(workload, False)
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_gemma3_triton_kernels_skip_released_blocks(gemma3):
+    """attention_backend='triton' (the interpreter): with a sliding pool small enough that released blocks are
+    reused by other requests while their old ids stay in the runner's tables, the windowed paged kernels give
+    the torch backend's tokens."""
+    from minivllm import LLM
+
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = [p[:90] for p in LONG[:3]]
+    kw = dict(device="cpu", dtype="float32", num_kvcache_blocks=20, max_model_len=128, max_num_batched_tokens=32)
+    with LLM(gemma3, **kw) as ref:
+        assert ref.engine.executor.kv_cache_groups[1][0] == 12
+        want = [o["token_ids"] for o in ref.generate(prompts, params, use_tqdm=False)]
+    with LLM(gemma3, attention_backend="triton", **kw) as llm:
+        got = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
