@@ -170,7 +170,7 @@ def workloads(draw):
     return block_size, window, max_model_len, num_full, num_sliding, draw(st.booleans()), reqs, cfg
 
 
-def _check_runner_tables(kv: KVCacheManager, batch: InputBatch, out, seqs: dict[int, Sequence]) -> None:
+def _check_runner_tables(kv: KVCacheManager, batch: InputBatch, out) -> None:
     """Wherever this step's queries read (their windows in the sliding group) or write, the runner's tables hold
     the managers' blocks."""
     window = kv.managers[1].sliding_window
@@ -206,7 +206,7 @@ def test_random_workloads_keep_group_invariants(workload):
         out = sched.schedule()
         batch.update(out)
         batch.check_integrity()
-        _check_runner_tables(kv, batch, out, seqs)
+        _check_runner_tables(kv, batch, out)
         if not sched.is_finished():
             assert out.num_batched_tokens > 0, "a step with unfinished work computed nothing"
         sched.update_from_output(out, fake_tokens(out))
