@@ -43,7 +43,7 @@ def test_n_completions_share_the_prompt_blocks(llm):
     assert [s.num_cached_tokens for s in seqs] == [0, 32, 32, 32]  # two full blocks reused by 3 siblings
     bm = llm.engine.block_manager
     assert len({tuple(bm.block_table(s.seq_id)[:2]) for s in seqs}) == 1
-    assert bm.blocks[bm.block_table(seqs[0].seq_id)[0]].ref_count == 4
+    assert bm.managers[0].blocks[bm.block_table(seqs[0].seq_id)[0]].ref_count == 4  # one KV cache group
     bm.check_integrity()
     final = None
     while llm.engine.has_unfinished_requests():

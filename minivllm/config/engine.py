@@ -13,12 +13,17 @@ class CacheConfig:
     """The paged KV cache: block size, how many blocks, their dtype, prefix caching."""
 
     kvcache_block_size: int = arg(16, "tokens per KV cache block (a power of two from 16 to 256)")
-    num_kvcache_blocks: int | None = arg(None, "KV cache blocks (default: as many as fit in free memory)")
+    num_kvcache_blocks: int | None = arg(None, "KV cache blocks (default: as many as fit in free memory); with "
+                                               "sliding-window layers, the memory of that many blocks of every "
+                                               "layer, split between the KV cache groups")
     gpu_memory_utilization: float = arg(0.9, "fraction of the GPU's memory the engine may use, in (0, 1]")
     cpu_kvcache_space_gib: float = arg(2.0, "cap on the KV cache on the CPU, GiB")
     enable_prefix_caching: bool = arg(True, "share the KV blocks of common prompt prefixes between requests")
     kv_cache_dtype: str = arg("auto", "auto (the model's dtype) or fp8 (e4m3, values saturated at +-448, scale "
                                       "1: half the bytes of bf16, some accuracy lost)", choices=("auto", "fp8"))
+    disable_hybrid_kv_cache_manager: bool = arg(
+        False, "keep every block of a sequence for every layer: sliding-window layers do not release the blocks "
+               "their window left, and one block pool serves all layers")
 
     def __post_init__(self) -> None:
         check_types(self)

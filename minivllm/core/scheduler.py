@@ -6,6 +6,7 @@ import functools
 from collections import deque
 
 from minivllm.core.block_manager import BlockManager
+from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler_output import NewRequestData, ScheduledRow, SchedulerOutput
 from minivllm.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 from minivllm.core.stop import check_stop, ends_by_length
@@ -35,19 +36,23 @@ class Scheduler:
     the step's sampled tokens and finishes the sequences that stop. The output is a delta against what the
     runner already holds: the scheduler remembers how many block ids of each running sequence it has sent
     (``_runner_blocks``) and which sequences left since the last output (``_gone``).
+
+    ``block_manager``: one ``BlockManager`` (a one-group cache), or a ``KVCacheManager`` of several KV cache
+    groups; either way the scheduler works through a ``KVCacheManager`` (``self.block_manager``). Groups past the
+    first send their blocks in ``NewRequestData.group_block_ids`` / ``ScheduledRow.new_group_block_ids``.
     """
 
-    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, block_manager: BlockManager | KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, eos_token_ids: list[int] | None = None,
                  enable_chunked_prefill: bool = True, max_num_partial_prefills: int = 1,
                  max_long_partial_prefills: int = 1, long_prefill_threshold: int = 0):
-        if block_manager.num_blocks * block_manager.block_size < max_model_len:
-            raise ValueError(
-                f"the KV cache holds {block_manager.num_blocks} blocks x {block_manager.block_size} tokens = "
-                f"{block_manager.num_blocks * block_manager.block_size} tokens, fewer than max_model_len "
-                f"({max_model_len}): one sequence could never finish; raise num_kvcache_blocks or "
-                f"lower max_model_len")
+        if isinstance(block_manager, BlockManager):
+            block_manager = KVCacheManager([block_manager])
+        block_manager.check_fits(max_model_len, max_num_batched_tokens)
         self.block_manager = block_manager
+        self.num_groups = block_manager.num_groups
+        # a running sequence's allocation (no prefix hits): the one group's own method when there is one
+        self._grow = block_manager.managers[0].allocate_slots if self.num_groups == 1 else block_manager.allocate_slots
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -61,6 +66,8 @@ class Scheduler:
         self.seqs: dict[int, Sequence] = {}  # every unfinished sequence, by id
         self.num_preemptions = 0
         self._runner_blocks: dict[int, int] = {}  # seq id -> block ids the runner holds (sent in earlier outputs)
+        # NOTE: the runner's tables keep the ids of blocks a sliding window released since (never sent as
+        # NULL_BLOCK): the kernels read no key before a query's window, so a stale id there is never read unmasked
         self._gone: list[int] = []  # sequences the runner held that left the running set since the last output
 
     # ----------------------------------------------------------------- queues
@@ -108,7 +115,7 @@ class Scheduler:
                 continue  # its pending token is its last one; computing it would be wasted
             remaining = seq.num_uncomputed_tokens
             num_new = min(remaining, budget, self._chunk_cap())
-            while not self.block_manager.allocate_slots(seq, num_new):
+            while not self._grow(seq, num_new):
                 victim = self._pick_victim(seq, scheduled_ids)
                 self._preempt(victim)
                 preempted.append(victim)
@@ -128,7 +135,7 @@ class Scheduler:
             if seq.num_pending_tokens:  # preempted while its token was in flight: wait for the value
                 break
             computed = self.block_manager.get_computed_blocks(seq)
-            remaining = seq.num_tokens - len(computed) * self.block_manager.block_size
+            remaining = seq.num_tokens - len(computed[0]) * self.block_manager.block_size
             num_new = min(remaining, budget, self._chunk_cap())
             if num_new < remaining:
                 if not self.enable_chunked_prefill or num_partial >= self.max_num_partial_prefills:
@@ -160,6 +167,7 @@ class Scheduler:
         new: list[NewRequestData] = []
         num_prefill = num_decode = 0
         tables, known = self.block_manager.block_table, self._runner_blocks
+        group_tables = self.block_manager.group_tables if self.num_groups > 1 else None
         for seq, n in scheduled:
             seq_id, start, tokens = seq.seq_id, seq.num_computed_tokens, seq.token_ids
             num_tokens = len(tokens)
@@ -181,20 +189,24 @@ class Scheduler:
                 num_decode += n
             table = tables(seq_id)
             held = known.get(seq_id)
+            new_groups = None
             if held is None:
-                new.append(self._new_request(seq, table))
+                new.append(self._new_request(seq, table, group_tables(seq_id)[1:] if group_tables else ()))
                 new_blocks = ()
             else:
                 new_blocks = table[held:] if len(table) > held else ()
+                if group_tables is not None and new_blocks:  # every group's table has the same length
+                    new_groups = tuple(t[held:] for t in group_tables(seq_id)[1:])
             known[seq_id] = len(table)
             seq.num_computed_tokens = start + n
             prompt_lps = seq.prompt_logprob_targets(start, n) if seq.prompt_logprobs is not None else None
             if start + n < num_tokens:
-                rows.append(_row((seq_id, start, ids, new_blocks, prev_row, False, 0, None, prompt_lps, None)))
+                rows.append(_row((seq_id, start, ids, new_blocks, prev_row, False, 0, None, prompt_lps, None,
+                                  new_groups)))
                 continue
             tail = seq.output_tail() if seq.reads_output_values else None
             row = _row((seq_id, start, ids, new_blocks, prev_row, True, num_tokens - seq.num_prompt_tokens, tail,
-                        prompt_lps, seq.forced_token() if seq.thinking_budget is not None else None))
+                        prompt_lps, seq.forced_token() if seq.thinking_budget is not None else None, new_groups))
             rows.append(row)
             seq.append_placeholder(len(sampled))
             sampled.append(row)
@@ -205,7 +217,8 @@ class Scheduler:
                         tuple(s.seq_id for s in preempted), num_cached, num_admitted))
 
     @staticmethod
-    def _new_request(seq: Sequence, table: tuple[int, ...]) -> NewRequestData:
+    def _new_request(seq: Sequence, table: tuple[int, ...],
+                     group_tables: tuple[tuple[int, ...], ...]) -> NewRequestData:
         """What the runner keeps of a sequence it has not seen; the token values sampling reads only if it does."""
         params = seq.sampling_params
         prompt = output = None
@@ -214,7 +227,7 @@ class Scheduler:
             output = tuple(seq.token_ids[seq.num_prompt_tokens:])
             if params.repetition_penalty != 1.0:
                 prompt = tuple(seq.token_ids[:seq.num_prompt_tokens])
-        return NewRequestData(seq.seq_id, params, table, prompt, output, seq.bad_words_token_ids)
+        return NewRequestData(seq.seq_id, params, table, prompt, output, seq.bad_words_token_ids, group_tables)
 
     def _pick_victim(self, seq: Sequence, scheduled_ids: set[int]) -> Sequence:
         """The unscheduled running sequence (or ``seq`` itself) with the fewest computed tokens, newest first."""
@@ -291,6 +304,7 @@ class Scheduler:
             assert seq.num_computed_tokens <= seq.num_tokens
             bs = self.block_manager.block_size
             assert len(self.block_manager.block_table(seq.seq_id)) >= (seq.num_computed_tokens + bs - 1) // bs
+            self.block_manager.check_window(seq)
         for seq in self.waiting:
             assert seq.status == SequenceStatus.WAITING and not self.block_manager.block_table(seq.seq_id)
         ids = [s.seq_id for s in self.running] + [s.seq_id for s in self.waiting]

@@ -29,6 +29,9 @@ class NewRequestData(NamedTuple):
     output_token_ids: tuple[int, ...] | None
     # each bad word's token ids (derived by the engine's tokenizer from ``params.bad_words``)
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # the whole block table of each KV cache group past the first (a hybrid model), in group order; a sliding
+    # window's released blocks are ``NULL_BLOCK`` (-1)
+    group_block_ids: tuple[tuple[int, ...], ...] = ()
 
 
 class ScheduledRow(NamedTuple):
@@ -50,6 +53,9 @@ class ScheduledRow(NamedTuple):
     prompt_logprobs: tuple[int, tuple[int, ...]] | None = None
     # the token a sampled row must take (``thinking_token_budget`` forcing the end of its reasoning); None: free
     forced_token: int | None = None
+    # the blocks added to each KV cache group's table past the first (a hybrid model) since the runner's last
+    # view; None: no group past the first, or no block added
+    new_group_block_ids: tuple[tuple[int, ...], ...] | None = None
 
 
 class SchedulerOutput(NamedTuple):

@@ -12,6 +12,7 @@ from itertools import count
 
 from minivllm.config import Config
 from minivllm.core.block_manager import BlockManager
+from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.sequence import Sequence
@@ -67,7 +68,10 @@ class LLMEngine:
         if not eos and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos = [self.tokenizer.eos_token_id]
         self.eos_token_ids = eos
-        self.block_manager = BlockManager(self.num_kvcache_blocks, cc.kvcache_block_size, cc.enable_prefix_caching)
+        # one block pool per KV cache group (one for a model of one attention type)
+        self.block_manager = KVCacheManager([
+            BlockManager(n, cc.kvcache_block_size, cc.enable_prefix_caching, sliding_window=window)
+            for window, n in self.executor.kv_cache_groups])
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
             max_model_len=mc.max_model_len, eos_token_ids=eos, enable_chunked_prefill=sc.enable_chunked_prefill,

@@ -19,7 +19,9 @@ class Attention(nn.Module):
     (:meth:`load_kv_scale`), else 1.0. A cache in the model's dtype ignores them.
 
     ``sliding_window``: the query at position p attends to keys (p - sliding_window, p] only (None: all of
-    0..p). The cache still holds every block of the sequence; the kernels skip those left behind.
+    0..p). ``kv_group``: the layer's KV cache group (set by the runner), whose block tables and slot mapping it
+    reads (``AttentionMetadata.for_group``); a sliding window's group releases the blocks left behind, and the
+    kernels never read them.
 
     ``sinks`` (gpt-oss; None elsewhere): a parameter of one logit per local query head, set by the model, that
     joins each softmax denominator and nothing else.
@@ -33,6 +35,7 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.backend, self.sliding_window = backend, sliding_window
         self.k_cache = self.v_cache = torch.tensor([])
+        self.kv_group = 0
         self.k_scale = self.v_scale = 1.0
         self.sinks: nn.Parameter | None = None  # [num_heads]
 
@@ -54,6 +57,8 @@ class Attention(nn.Module):
         without a cache."""
         if self.k_cache.numel() == 0:
             return None
+        if self.kv_group:
+            meta = meta.for_group(self.kv_group)
         return v, self.k_cache, self.v_cache, meta.slot_mapping, *self.kv_scales()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
@@ -64,6 +69,8 @@ class Attention(nn.Module):
         """
         if self.k_cache.numel() == 0:
             raise RuntimeError("the KV cache is not allocated")
+        if self.kv_group:
+            meta = meta.for_group(self.kv_group)
         k_scale, v_scale = self.kv_scales()
         if not kv_stored:
             store_kvcache_ref(k, v, self.k_cache, self.v_cache, meta.slot_mapping, k_scale, v_scale)

@@ -12,7 +12,7 @@ module-level "current context".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,3 +32,10 @@ class AttentionMetadata:
     context_lens_cpu: list[int] | None = None
     # Fresh prefill only (no cached prefix in any row): cu_seqlens for keys == cu_seqlens_q.
     is_fresh_prefill: bool = False
+    # a hybrid model's KV cache groups past the first (``minivllm.core.kv_cache_spec``), in group order: the
+    # same step over that group's blocks (its own slot_mapping and block_tables, the rest shared)
+    group_metas: list[AttentionMetadata] = field(default_factory=list)
+
+    def for_group(self, group: int) -> AttentionMetadata:
+        """The metadata of KV cache group ``group`` (0: this one)."""
+        return self if group == 0 else self.group_metas[group - 1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 
@@ -45,11 +46,12 @@ class DecodeGraphRunner:
     Static device buffers hold the inputs; ``run`` copies a step's host arrays into them
     (from pinned staging buffers, non-blocking), pads rows up to the captured size (token 0,
     slot -1, context length 1 over block 0, harmless), writes the previous step's sampled ids
-    over placeholders, replays, and returns the real rows' hidden states.
+    over placeholders, replays, and returns the real rows' hidden states. Each KV cache group past the first (a
+    hybrid model) has its own slot mapping and block tables, staged and copied with the first group's.
     """
 
     def __init__(self, model, device: torch.device, dtype: torch.dtype, hidden_size: int, max_num_seqs: int,
-                 max_model_len: int, block_size: int):
+                 max_model_len: int, block_size: int, num_groups: int = 1):
         self.model = model
         self.device = device
         self.sizes = graph_batch_sizes(max_num_seqs)
@@ -63,25 +65,32 @@ class DecodeGraphRunner:
         self.slot_mapping = torch.full((bs,), -1, dtype=torch.int64, device=dev)
         self.context_lens = torch.ones(bs, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(bs, mb, dtype=torch.int32, device=dev)
+        self.num_extra = num_extra = num_groups - 1  # KV cache groups past the first
+        self.group_slot_mappings = torch.full((num_extra, bs), -1, dtype=torch.int64, device=dev)
+        self.group_block_tables = torch.zeros(num_extra, bs, mb, dtype=torch.int32, device=dev)
         self.cu_seqlens_q = torch.arange(bs + 1, dtype=torch.int32, device=dev)
         self.outputs = torch.zeros(bs, hidden, dtype=dtype, device=dev)
         # pinned staging, two sets used in turn (the host fills one while the device may still be
-        # copying from the other): ids, positions, slots, placeholder index and source as int64;
-        # context lens and block tables as int32. An event per set marks its copies' end.
-        self.host_i64 = torch.zeros(2, 5, bs, dtype=torch.int64).pin_memory()
+        # copying from the other): ids, positions, slots, placeholder index and source, the further groups' slots
+        # as int64; context lens and every group's block tables as int32. An event per set marks its copies' end.
+        self.host_i64 = torch.zeros(2, 5 + num_extra, bs, dtype=torch.int64).pin_memory()
         self.host_ctx = torch.ones(2, bs, dtype=torch.int32).pin_memory()
-        self.host_bt = torch.zeros(2, bs, mb, dtype=torch.int32).pin_memory()
+        self.host_bt = torch.zeros(2, num_groups, bs, mb, dtype=torch.int32).pin_memory()
         self.copied: list[torch.cuda.Event | None] = [None, None]
         self.turn = 0
-        self.dev_i64 = torch.zeros(5, bs, dtype=torch.int64, device=dev)
+        self.dev_i64 = torch.zeros(5 + num_extra, bs, dtype=torch.int64, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._capture()
 
     def _meta(self, bs: int) -> AttentionMetadata:
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs], cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
             context_lens=self.context_lens[:bs], block_tables=self.block_tables[:bs], max_seqlen_q=1,
             max_context_len=self.max_model_len, is_decode=True, num_rows=bs)
+        meta.group_metas = [dataclasses.replace(meta, slot_mapping=self.group_slot_mappings[g, :bs],
+                                                block_tables=self.group_block_tables[g, :bs], group_metas=[])
+                            for g in range(self.num_extra)]
+        return meta
 
     @torch.inference_mode()
     def _capture(self) -> None:
@@ -118,25 +127,35 @@ class DecodeGraphRunner:
         # an earlier step's placeholder (-1), which the embedding would reject
         h64[0:2, n:gbs] = 0
         h64[2, n:gbs] = -1
+        for g, slots in enumerate(inp.group_slot_mappings):
+            h64[5 + g, :n] = slots
+        h64[5:, n:gbs] = -1
         num_ph = 0 if inp.prev_token_index is None else len(inp.prev_token_index)
         if num_ph:
             h64[3, :num_ph], h64[4, :num_ph] = inp.prev_token_index, inp.prev_token_src
         ctx = self.host_ctx[k].numpy()
         ctx[:n] = inp.context_lens
         ctx[n:gbs] = 1
-        bt = self.host_bt[k].numpy()
-        bt[:n, :width] = inp.block_tables
-        bt[n:gbs, 0] = 0
-        rows = 5 if num_ph else 3
-        self.dev_i64[:rows, :gbs].copy_(self.host_i64[k, :rows, :gbs], non_blocking=True)
+        bt = self.host_bt[k].numpy()  # [groups, rows, max_blocks]
+        bt[0, :n, :width] = inp.block_tables
+        for g, tables in enumerate(inp.group_block_tables):
+            bt[1 + g, :n, :width] = tables
+        bt[:, n:gbs, 0] = 0
+        rows = 5 if num_ph or self.num_extra else 3
+        self.dev_i64[:rows + self.num_extra, :gbs].copy_(self.host_i64[k, :rows + self.num_extra, :gbs],
+                                                          non_blocking=True)
         self.context_lens[:gbs].copy_(self.host_ctx[k, :gbs], non_blocking=True)
-        self.block_tables[:gbs, :width].copy_(self.host_bt[k, :gbs, :width], non_blocking=True)
+        self.block_tables[:gbs, :width].copy_(self.host_bt[k, 0, :gbs, :width], non_blocking=True)
+        if self.num_extra:
+            self.group_block_tables[:, :gbs, :width].copy_(self.host_bt[k, 1:, :gbs, :width], non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         self.copied[k] = event
         self.input_ids[:gbs].copy_(self.dev_i64[0, :gbs])
         self.positions[:gbs].copy_(self.dev_i64[1, :gbs])
         self.slot_mapping[:gbs].copy_(self.dev_i64[2, :gbs])
+        if self.num_extra:
+            self.group_slot_mappings[:, :gbs].copy_(self.dev_i64[5:, :gbs])
         if num_ph:
             self.input_ids.index_copy_(0, self.dev_i64[3, :num_ph], prev.index_select(0, self.dev_i64[4, :num_ph]))
         self.graphs[gbs].replay()

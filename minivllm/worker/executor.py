@@ -17,7 +17,8 @@ class Executor(Protocol):
     returns a handle whose ``result()`` waits for the tokens. The next step starts only after this one is
     finished: its forward reads these tokens on the device."""
 
-    num_kvcache_blocks: int
+    num_kvcache_blocks: int  # over every KV cache group
+    kv_cache_groups: list[tuple[int | None, int]]  # each group's (sliding_window, num_blocks)
 
     def start_step(self, out: SchedulerOutput) -> Forward: ...
 
@@ -35,6 +36,7 @@ class UniProcExecutor:
         set_cpu_threads(config)
         self.runner: ModelRunner | None = ModelRunner(config, rank=0)
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
+        self.kv_cache_groups = self.runner.kv_cache_groups
 
     def start_step(self, out: SchedulerOutput) -> Forward:
         return self.runner.start_step(out)

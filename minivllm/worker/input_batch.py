@@ -37,6 +37,9 @@ class StepInputs:
     prev_token_src: np.ndarray | None = None  # [num_placeholders] int64
     # flat token indices whose logits give prompt logprobs (rows' ``prompt_logprobs``, in row order); None: none
     prompt_logprob_index: np.ndarray | None = None  # [num_prompt_positions] int64
+    # each KV cache group's past the first (a hybrid model), in group order: its slot mapping and block tables
+    group_slot_mappings: tuple[np.ndarray, ...] = ()  # each [num_tokens] int64
+    group_block_tables: tuple[np.ndarray, ...] = ()  # each [num_rows, max_blocks] int32, -1 padded
 
     @property
     def num_rows(self) -> int:
@@ -47,13 +50,17 @@ class InputBatch:
     """The running sequences as the runner knows them, one slot each: ``update`` applies a step's news (who
     left, who is new, which blocks were added), ``prepare_inputs`` flattens the step's rows.
 
-    ``max_num_seqs`` slots of ``ceil(max_model_len / block_size)`` block ids each.
+    ``max_num_seqs`` slots of ``ceil(max_model_len / block_size)`` block ids each, in each of ``num_groups`` KV
+    cache groups (``block_table``: group 0's; ``group_block_tables``: the others', positions aligned). A sliding
+    window's released block (``NULL_BLOCK``) is stored as block 0: a real block, which the kernels never read
+    unmasked (it lies before every query's window).
     """
 
-    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int):
+    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int, num_groups: int = 1):
         self.block_size = block_size
         self.max_blocks = -(-max_model_len // block_size)
         self.block_table = np.full((max_num_seqs, self.max_blocks), -1, dtype=np.int32)  # [slots, max_blocks]
+        self.group_block_tables = [np.full_like(self.block_table, -1) for _ in range(num_groups - 1)]
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # [slots]
         self.slots: dict[int, int] = {}  # seq id -> slot
         self.params: dict[int, SamplingParams] = {}  # seq id -> its sampling parameters
@@ -66,7 +73,8 @@ class InputBatch:
             slot = self.slots.pop(seq_id, None)
             if slot is None:
                 continue
-            self.block_table[slot, :self.num_blocks[slot]] = -1
+            for table in (self.block_table, *self.group_block_tables):
+                table[slot, :self.num_blocks[slot]] = -1
             self.num_blocks[slot] = 0
             self._free.append(slot)
             self.params.pop(seq_id, None)
@@ -77,20 +85,28 @@ class InputBatch:
             if not self._free:
                 raise RuntimeError("the runner's batch is full: the scheduler ran more than max_num_seqs sequences")
             slot = self.slots[req.seq_id] = self._free.pop()
-            self._append_blocks(slot, req.block_ids)
+            self._append_blocks(slot, req.block_ids, req.group_block_ids)
             self.params[req.seq_id] = req.params
             if req.bad_words_token_ids:
                 self.bad_words[req.seq_id] = req.bad_words_token_ids
         for row in out.rows:
             if row.new_block_ids:
-                self._append_blocks(self.slots[row.seq_id], row.new_block_ids)
+                self._append_blocks(self.slots[row.seq_id], row.new_block_ids, row.new_group_block_ids or ())
 
-    def _append_blocks(self, slot: int, block_ids: tuple[int, ...]) -> None:
-        n = int(self.num_blocks[slot])
-        if n + len(block_ids) > self.max_blocks:
-            raise RuntimeError(f"a block table of {n + len(block_ids)} blocks exceeds max_model_len")
-        self.block_table[slot, n:n + len(block_ids)] = block_ids
-        self.num_blocks[slot] = n + len(block_ids)
+    def _append_blocks(self, slot: int, block_ids: tuple[int, ...],
+                       group_block_ids: tuple[tuple[int, ...], ...] = ()) -> None:
+        n, k = int(self.num_blocks[slot]), len(block_ids)
+        if n + k > self.max_blocks:
+            raise RuntimeError(f"a block table of {n + k} blocks exceeds max_model_len")
+        if len(group_block_ids) != len(self.group_block_tables):
+            raise RuntimeError(f"block ids of {len(group_block_ids) + 1} KV cache groups for "
+                               f"{len(self.group_block_tables) + 1}")
+        for table, ids in zip((self.block_table, *self.group_block_tables), (block_ids, *group_block_ids)):
+            if len(ids) != k:
+                raise RuntimeError("the KV cache groups' block tables differ in length")
+            table[slot, n:n + k] = ids
+            np.maximum(table[slot, n:n + k], 0, out=table[slot, n:n + k])  # NULL_BLOCK -> block 0
+        self.num_blocks[slot] = n + k
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         """Flatten the step's rows: tokens ``[num_computed, num_computed + n)`` of each sequence."""
@@ -112,10 +128,14 @@ class InputBatch:
             positions = np.arange(total, dtype=np.int64) + np.repeat(starts - cu[:-1], q_lens)  # [tokens]
             token_slots = np.repeat(slots, q_lens)  # [tokens]
         bs = self.block_size
-        slot_mapping = self.block_table[token_slots, positions // bs].astype(np.int64) * bs + positions % bs
+        block_index, offset = positions // bs, positions % bs  # [tokens]
+        slot_mapping = self.block_table[token_slots, block_index].astype(np.int64) * bs + offset
         context_lens = starts + q_lens
         width = int(self.num_blocks[slots].max()) if num_rows else 0
         block_tables = self.block_table[slots, :width]  # [rows, width]; fancy indexing copies
+        group_slots = tuple(t[token_slots, block_index].astype(np.int64) * bs + offset
+                            for t in self.group_block_tables)
+        group_tables = tuple(t[slots, :width] for t in self.group_block_tables)
         sample_indices = np.fromiter((cu[i + 1] - 1 for i, r in enumerate(rows) if r.sampled), dtype=np.int64)
         ph = [(cu[i], r.prev_sampled_row) for i, r in enumerate(rows) if r.prev_sampled_row >= 0]
         prompt_index: list[int] = []
@@ -137,6 +157,8 @@ class InputBatch:
             prev_token_index=np.asarray([i for i, _ in ph], dtype=np.int64) if ph else None,
             prev_token_src=np.asarray([s for _, s in ph], dtype=np.int64) if ph else None,
             prompt_logprob_index=np.asarray(prompt_index, dtype=np.int64) if prompt_index else None,
+            group_slot_mappings=group_slots,
+            group_block_tables=group_tables,
         )
 
     def check_integrity(self) -> None:
@@ -145,19 +167,21 @@ class InputBatch:
         assert len(set(held)) == len(held) and not set(held) & set(self._free), "a slot is held twice or also free"
         assert len(held) + len(self._free) == self.block_table.shape[0], "a slot is lost"
         assert self.params.keys() == self.slots.keys() and self.bad_words.keys() <= self.slots.keys()
-        for slot in range(self.block_table.shape[0]):
-            n = int(self.num_blocks[slot])
-            assert (self.block_table[slot, n:] == -1).all(), f"slot {slot} holds block ids past its length"
-            assert (self.block_table[slot, :n] >= 0).all(), f"slot {slot} has an unset block id"
+        for table in (self.block_table, *self.group_block_tables):
+            for slot in range(table.shape[0]):
+                n = int(self.num_blocks[slot])
+                assert (table[slot, n:] == -1).all(), f"slot {slot} holds block ids past its length"
+                assert (table[slot, :n] >= 0).all(), f"slot {slot} has an unset block id"
 
 
-def dummy_prefill_inputs(num_seqs: int, seq_len: int, block_size: int) -> StepInputs:
-    """The inputs of ``num_seqs`` fresh prompts of ``seq_len`` tokens (id 0) over blocks ``0, 1, ...``, every row
-    sampled: the profiling forward's, which sizes the KV cache."""
+def dummy_prefill_inputs(num_seqs: int, seq_len: int, block_size: int, num_groups: int = 1) -> StepInputs:
+    """The inputs of ``num_seqs`` fresh prompts of ``seq_len`` tokens (id 0) over blocks ``0, 1, ...`` (in every KV
+    cache group), every row sampled: the profiling forward's, which sizes the KV cache."""
     per_seq = -(-seq_len // block_size)
-    batch = InputBatch(num_seqs, seq_len, block_size)
+    batch = InputBatch(num_seqs, seq_len, block_size, num_groups)
     params = SamplingParams()
-    new = tuple(NewRequestData(i, params, tuple(range(i * per_seq, (i + 1) * per_seq)), None, None)
+    tables = [tuple(range(i * per_seq, (i + 1) * per_seq)) for i in range(num_seqs)]
+    new = tuple(NewRequestData(i, params, tables[i], None, None, (), (tables[i],) * (num_groups - 1))
                 for i in range(num_seqs))
     rows = tuple(ScheduledRow(i, 0, (0,) * seq_len, (), -1, True, 0) for i in range(num_seqs))
     out = SchedulerOutput(rows, rows, new)

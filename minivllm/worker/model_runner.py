@@ -17,12 +17,14 @@ broadcasts them when tensor parallel), and ``execute`` writes them over the plac
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from minivllm.config import Config
+from minivllm.core.kv_cache_spec import blocks_per_seq, kv_cache_groups, split_blocks
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.group import TPGroup
 from minivllm.kernels.torch_backend import FP8_DTYPES
@@ -91,9 +93,16 @@ class ModelRunner:
         self.model.eval()
         load_model_weights(self.model, mc)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        # the KV cache groups (one per attention type; see minivllm.core.kv_cache_spec): each its own cache
+        self.kv_cache_specs = kv_cache_groups([a.sliding_window for a in self.attn_layers],
+                                              hybrid=not config.cache_config.disable_hybrid_kv_cache_manager)
+        self.group_layers = [[self.attn_layers[i] for i in g.layers] for g in self.kv_cache_specs]
+        for group, layers in enumerate(self.group_layers):
+            for layer in layers:
+                layer.kv_group = group
         self.vocab_size = mc.arch.vocab_size
         self.eos_token_ids = list(mc.arch.eos_token_ids)
-        self.batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.block_size)
+        self.batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.block_size, len(self.kv_cache_specs))
         # sampling: rank 0, or every rank on its vocabulary slice (decided per step from the batch, the same on
         # every rank); unseeded rows draw from this engine's own generator, not torch's global one
         self.sampler = Sampler(fused=dc.triton_sampling)
@@ -106,24 +115,32 @@ class ModelRunner:
         self.share_sampled = tp_group is not None and sc.async_scheduling
         self.prev_sampled: torch.Tensor | None = None
         self.graph_runner = None  # NOTE: before the profiling forward, which runs eagerly
-        self.num_kvcache_blocks = self._init_kv_cache()
+        #: each KV cache group's ``(sliding_window, num_blocks)``, in group order (the engine's block managers')
+        self.kv_cache_groups = self._init_kv_cache()
+        self.num_kvcache_blocks = sum(n for _, n in self.kv_cache_groups)
         if self.device.type == "cuda" and not dc.enforce_eager:
             from minivllm.worker.cuda_graphs import DecodeGraphRunner
 
             self.graph_runner = DecodeGraphRunner(self.model, self.device, self.dtype, mc.arch.hidden_size,
-                                                  sc.max_num_seqs, mc.max_model_len, self.block_size)
+                                                  sc.max_num_seqs, mc.max_model_len, self.block_size,
+                                                  len(self.kv_cache_specs))
         self._warm_up_sampling()
 
     # ------------------------------------------------------------------ KV cache
-    def _init_kv_cache(self) -> int:
-        """Size the KV cache (the minimum over tensor-parallel ranks), allocate and bind it; returns its blocks."""
+    def _init_kv_cache(self) -> list[tuple[int | None, int]]:
+        """Size the KV cache (the minimum over tensor-parallel ranks), allocate and bind it; returns each group's
+        ``(sliding_window, num_blocks)``.
+
+        The budget is counted in blocks over every layer (``num_kvcache_blocks`` of them when set), then split
+        between the groups by what one sequence of ``max_model_len`` tokens needs in each (``split_blocks``):
+        one group gets exactly that many blocks."""
         cc, sc, mc = self.config.cache_config, self.config.scheduler_config, self.config.model_config
         nbytes = block_bytes(self.attn_layers, self.block_size, self.kv_dtype)
-        blocks_per_seq = -(-mc.max_model_len // self.block_size)
+        max_blocks = -(-mc.max_model_len // self.block_size)
         if cc.num_kvcache_blocks is not None:
             num_blocks = cc.num_kvcache_blocks
         elif self.device.type == "cpu":
-            num_blocks = cpu_num_blocks(cc.cpu_kvcache_space_gib, nbytes, sc.max_num_seqs * blocks_per_seq + 1)
+            num_blocks = cpu_num_blocks(cc.cpu_kvcache_space_gib, nbytes, sc.max_num_seqs * max_blocks + 1)
         else:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -131,18 +148,27 @@ class ModelRunner:
             # capped at four times what max_num_seqs full-length sequences can hold (the rest could only
             # keep prefix cache): a tiny model on a large GPU would otherwise get millions of blocks
             num_blocks = gpu_num_blocks(self.device, cc.gpu_memory_utilization, nbytes,
-                                        4 * sc.max_num_seqs * blocks_per_seq + 1)
+                                        4 * sc.max_num_seqs * max_blocks + 1)
+        group_bytes = [block_bytes(layers, self.block_size, self.kv_dtype) for layers in self.group_layers]
+        per_seq = [blocks_per_seq(g.sliding_window, mc.max_model_len, self.block_size) for g in self.kv_cache_specs]
+        chunk = sc.max_num_batched_tokens  # one sequence's worst: its whole chunk past the window
+        worst = [blocks_per_seq(g.sliding_window, mc.max_model_len, self.block_size, chunk)
+                 for g in self.kv_cache_specs]
+        counts = split_blocks(max(num_blocks, 0) * nbytes, group_bytes, per_seq, worst)
         if self.tp_group is not None:
-            t = torch.tensor([num_blocks], device=self.device if self.device.type == "cuda" else "cpu")
+            t = torch.tensor(counts, device=self.device if self.device.type == "cuda" else "cpu")
             self.tp_group.all_reduce(t, op="min")
-            num_blocks = int(t.item())
-        if num_blocks < 1:
+            counts = [int(n) for n in t.tolist()]
+        if min(counts) < 1:
             raise RuntimeError(
                 "no memory is left for the KV cache: raise gpu_memory_utilization, lower max_num_batched_tokens, "
                 "or use a smaller model")
-        self.kv_cache = new_cache(self.attn_layers, num_blocks, self.block_size, self.kv_dtype, self.device)
-        bind_cache(self.attn_layers, self.kv_cache)
-        return num_blocks
+        self.kv_caches = [new_cache(layers, n, self.block_size, self.kv_dtype, self.device)
+                          for layers, n in zip(self.group_layers, counts)]
+        self.kv_cache = self.kv_caches[0]  # [2, group 0's layers, blocks, block_size, kv_heads, head_dim]
+        for layers, cache in zip(self.group_layers, self.kv_caches):
+            bind_cache(layers, cache)
+        return [(g.sliding_window, n) for g, n in zip(self.kv_cache_specs, counts)]
 
     @torch.inference_mode()
     def _profile_run(self) -> None:
@@ -156,9 +182,10 @@ class ModelRunner:
         seq_len = min(max_model_len, num_tokens)
         num_seqs = max(1, num_tokens // seq_len)
         per_seq = -(-seq_len // self.block_size)
-        bind_cache(self.attn_layers, new_cache(self.attn_layers, num_seqs * per_seq, self.block_size, self.kv_dtype,
-                                               self.device))
-        logits, _ = self.execute(dummy_prefill_inputs(num_seqs, seq_len, self.block_size), gather=True)
+        for layers in self.group_layers:
+            bind_cache(layers, new_cache(layers, num_seqs * per_seq, self.block_size, self.kv_dtype, self.device))
+        logits, _ = self.execute(dummy_prefill_inputs(num_seqs, seq_len, self.block_size, len(self.group_layers)),
+                                 gather=True)
         del logits
         bind_cache(self.attn_layers, None)
         if self.device.type == "cuda":
@@ -261,7 +288,8 @@ class ModelRunner:
         return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
     def attention_metadata(self, inp: StepInputs) -> AttentionMetadata:
-        return AttentionMetadata(
+        """The step's attention metadata on the device, with each further KV cache group's."""
+        meta = AttentionMetadata(
             slot_mapping=self._to_device(inp.slot_mapping),
             cu_seqlens_q=self._to_device(inp.cu_seqlens_q),
             context_lens=self._to_device(inp.context_lens),
@@ -274,6 +302,10 @@ class ModelRunner:
             context_lens_cpu=inp.context_lens.tolist(),
             is_fresh_prefill=inp.is_fresh_prefill,
         )
+        for slots, tables in zip(inp.group_slot_mappings, inp.group_block_tables):
+            meta.group_metas.append(dataclasses.replace(
+                meta, slot_mapping=self._to_device(slots), block_tables=self._to_device(tables), group_metas=[]))
+        return meta
 
     def _prev_tokens(self, inp: StepInputs) -> torch.Tensor | None:
         """[num_placeholders] device ids to write at ``inp.prev_token_index`` (None: no placeholders)."""

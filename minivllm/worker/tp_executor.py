@@ -115,6 +115,7 @@ class MultiProcExecutor:
                 raise err from exc
             raise
         self.num_kvcache_blocks = self.runner.num_kvcache_blocks
+        self.kv_cache_groups = self.runner.kv_cache_groups
 
     # ------------------------------------------------------------------ steps
     def start_step(self, out: SchedulerOutput) -> Forward:

@@ -20,6 +20,7 @@ from multiprocessing.shared_memory import SharedMemory
 import torch
 
 from minivllm.config import Config
+from minivllm.core.kv_cache_spec import kv_cache_groups
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.group import TPGroup
 
@@ -50,9 +51,11 @@ def free_port() -> int:
 
 def shm_size(config: Config) -> int:
     """Bound on one pickled step: its new token ids, and per row a few scalars and its new block ids; at most
-    every sequence new to the runner, with its whole block table and parameters."""
-    sc = config.scheduler_config
-    max_blocks = -(-config.model_config.max_model_len // config.cache_config.kvcache_block_size)
+    every sequence new to the runner, with its whole block table (in each KV cache group) and parameters."""
+    sc, arch = config.scheduler_config, config.model_config.arch
+    groups = kv_cache_groups([arch.sliding_window_of(i) for i in range(arch.num_hidden_layers)],
+                             hybrid=not config.cache_config.disable_hybrid_kv_cache_manager)
+    max_blocks = len(groups) * -(-config.model_config.max_model_len // config.cache_config.kvcache_block_size)
     rows = min(sc.max_num_seqs, sc.max_num_batched_tokens)
     return 2 * (65536 + 16 * sc.max_num_batched_tokens + rows * (16 * max_blocks + 2048))
 

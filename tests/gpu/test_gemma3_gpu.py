@@ -41,3 +41,22 @@ def test_gemma3_graphs_equal_eager_and_cpu(tiny_gemma3):
     assert [g[:8] for g in gpu[True]] == [c[:8] for c in cpu]
     assert sum(g == c for g, c in zip(gpu[True], cpu)) >= 20
 
+
+
+def test_gemma3_hybrid_cache_graphs_equal_full_layout(tiny_gemma3):
+    """The hybrid KV cache (a pool of the global layer, one of the five sliding layers releasing the blocks their
+    window left) under CUDA graphs gives the tokens of one full-attention pool, with a cache small enough that
+    sliding blocks are released and reused while the graphs replay."""
+    from minivllm import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    long_prompts = [p * 6 for p in PROMPTS[:12]]
+    tokens = {}
+    for hybrid in (True, False):
+        with LLM(tiny_gemma3, device="cuda", dtype="float32", num_kvcache_blocks=64, max_model_len=512,
+                 max_num_batched_tokens=256, disable_hybrid_kv_cache_manager=not hybrid) as llm:
+            groups = llm.engine.executor.kv_cache_groups
+            assert [w for w, _ in groups] == ([None, 12] if hybrid else [None])
+            assert llm.engine.executor.runner.graph_runner is not None
+            tokens[hybrid] = [o["token_ids"] for o in llm.generate(long_prompts, params, use_tqdm=False)]
+    assert tokens[True] == tokens[False]
