@@ -4,11 +4,13 @@ follow.
 
 ``tool_choice: "required"`` and a named function are enforced by a JSON schema, as in vLLM: a named function's
 output is its arguments object; ``required`` gives a JSON array of ``{"name", "parameters"}`` calls. Either way
-the arguments always parse and validate against the tool's parameters.
+the arguments always parse and validate against the tool's parameters. For gpt-oss (a server that reads harmony)
+the forced choices are instead a grammar of one harmony call (``harmony_call_grammar``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from minivllm.entrypoints.openai.errors import APIError
@@ -68,10 +70,30 @@ def _hoist_defs(tools: list[Tool], params: list[dict[str, Any]]) -> dict[str, An
     return defs
 
 
+def harmony_call_grammar(tools: list[Tool], name: str | None) -> str:
+    """The Lark grammar (llguidance's dialect) of one harmony tool call, for gpt-oss's ``tool_choice``
+    ``required`` (any of ``tools``) or a named function (``name``)::
+
+        <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{arguments}<|call|>
+
+    Harmony makes one call per turn: ``<|call|>`` ends it. The arguments follow the function's parameters
+    schema, without whitespace between JSON tokens (as the JSON tool choices)."""
+    chosen = [t.function for t in tools if name is None or t.function.name == name]
+    rules = ["start: <|channel|> \"commentary to=functions.\" call",
+             "call: " + " | ".join(f"f{i}" for i in range(len(chosen)))]
+    for i, fn in enumerate(chosen):
+        schema = {**_params_schema(fn), "x-guidance": {"whitespace_flexible": False}}
+        rules.append(f"f{i}: {json.dumps(fn.name + ' ')} <|constrain|> \"json\" <|message|> a{i} <|call|>")
+        rules.append(f"a{i}: %json {json.dumps(schema, ensure_ascii=False)}")
+    return "\n".join(rules)
+
+
 def constraint(response_format: ResponseFormat | None, structured: StructuredOutputsRequest | None,
                tools: list[Tool] | None = None, tool_choice: ToolChoice | None = None,
-               parallel_tool_calls: bool = True) -> tuple[StructuredOutputsParams | None, str | None]:
-    """The request's one output constraint and the field it came from (for errors), or ``(None, None)``."""
+               parallel_tool_calls: bool = True,
+               harmony: bool = False) -> tuple[StructuredOutputsParams | None, str | None]:
+    """The request's one output constraint and the field it came from (for errors), or ``(None, None)``.
+    ``harmony``: a forced tool choice is a harmony call (``harmony_call_grammar``), not JSON."""
     given = []
     if response_format is not None and response_format.type != "text":
         given.append("response_format")
@@ -87,6 +109,8 @@ def constraint(response_format: ResponseFormat | None, structured: StructuredOut
         return None, None
     field = given[0]
     try:
+        if field == "tool_choice" and harmony:
+            return StructuredOutputsParams(grammar=harmony_call_grammar(tools, forced[1])), field
         if field == "tool_choice":
             return StructuredOutputsParams(json=forced[0]), field
         if field == "response_format":
