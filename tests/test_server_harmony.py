@@ -120,12 +120,26 @@ def test_the_tool_result_turn_is_rendered_and_answered(server, stream):
     assert answer["content"].startswith("It is ") and answer["content"].endswith("C."), answer
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_response_format_constrains_the_final_answer(server, stream):
+    """``response_format`` is the answer's format: the model writes a harmony final message whose text is JSON
+    valid under the schema, and the content is that JSON."""
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "temp": {"type": "integer"}},
+              "required": ["city", "temp"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}
+    msg, finish = chat(server, stream, response_format=fmt)
+    assert finish == "stop" and not msg["tool_calls"] and msg["reasoning"] is None, msg
+    jsonschema.validate(json.loads(msg["content"]), schema)
+
+
 @pytest.mark.parametrize("body, param", [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"messages": [{"role": "tool", "tool_call_id": "call_x", "content": "1"}]}, "messages"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "x": {"type": "no-such-type"}}}}}], "tool_choice": "required"}, "tool_choice"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}},
+     "response_format"),
 ])
 def test_bad_input_is_a_400_naming_the_field(server, body, param):
     r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "gpt-oss", "messages": USER, **body})
