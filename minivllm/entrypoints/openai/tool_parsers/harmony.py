@@ -30,10 +30,10 @@ from minivllm.entrypoints.openai.tool_parsers.base import ToolCall, ToolCallDelt
 from minivllm.entrypoints.openai.tool_parsers.stream_out import held_suffix
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
-CONSTRAIN, RETURN, CALL = "<|constrain|>", "<|return|>", "<|call|>"
+RETURN, CALL = "<|return|>", "<|call|>"
 #: what ends a message's body (``<|start|>`` stays in the text: it begins the next header)
 BODY_ENDS = (END, CALL, RETURN, START)
-#: the channel of reasoning, and the recipients' namespace of the request's functions
+#: the channel of reasoning, and the recipients' namespace of the request's functions (harmony's ``functions``)
 ANALYSIS, FUNCTIONS = "analysis", "functions."
 #: a header longer than this without ``<|message|>`` is no harmony (and a stream stops holding it back)
 MAX_HEADER_CHARS = 512
@@ -66,7 +66,7 @@ class Header:
 
     @property
     def function(self) -> str:
-        """The called function's name (``""`` unless the recipient is one of the request's functions)."""
+        """The called function's name (``""`` unless the recipient is in the ``functions`` namespace)."""
         return self.recipient[len(FUNCTIONS):] if self.recipient and self.recipient.startswith(FUNCTIONS) else ""
 
 
