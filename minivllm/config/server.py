@@ -48,12 +48,15 @@ class ServerConfig:
     enable_auto_tool_choice: bool = arg(False, "let the model decide whether to call the tools it is given "
                                                "(tool_choice auto, the default with tools); needs --tool-call-parser")
     tool_call_parser: str | None = arg(None, "how the model writes tool calls: hermes (<tool_call> blocks, "
-                                             "Qwen2.5 / Qwen3) or llama3_json (Llama 3.x)",
-                                       choices=("hermes", "llama3_json"))
+                                             "Qwen2.5 / Qwen3), llama3_json (Llama 3.x) or openai (gpt-oss's "
+                                             "harmony format: chat outputs are read as harmony)",
+                                       choices=("hermes", "llama3_json", "openai"))
     return_tokens_as_token_ids: bool = arg(False, "name the tokens of logprobs 'token_id:N' unless a request says "
                                                   "otherwise (return_tokens_as_token_ids), as vLLM's flag")
-    reasoning_parser: str | None = arg(None, "move the model's <think>...</think> into the message's reasoning: qwen3",
-                                       choices=("qwen3",))
+    reasoning_parser: str | None = arg(None, "move the model's reasoning into the message's reasoning: qwen3 "
+                                             "(<think>...</think>) or openai_gptoss (gpt-oss's harmony analysis "
+                                             "channel; gpt_oss is the same)",
+                                       choices=("qwen3", "openai_gptoss", "gpt_oss"))
     enable_force_include_usage: bool = arg(False, "usage in every chunk of every stream, and a last chunk with "
                                                   "it, whether or not the request asked (stream_options)")
     enable_prompt_tokens_details: bool = arg(False, "report usage.prompt_tokens_details.cached_tokens, the prompt "
@@ -97,7 +100,7 @@ class ServerConfig:
             raise ValueError(f"max_num_waiting ({self.max_num_waiting}) must be >= max_n ({self.max_n}): a request "
                              f"of n sequences must be able to wait")
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
-            raise ValueError("enable_auto_tool_choice needs tool_call_parser (hermes or llama3_json)")
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser (hermes, llama3_json or openai)")
         at_least("autoscale_target_ongoing_requests", self.autoscale_target_ongoing_requests, 1)
         if self.autoscale_max_replicas is not None:
             at_least("autoscale_max_replicas", self.autoscale_max_replicas, 1)

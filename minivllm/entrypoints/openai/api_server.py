@@ -41,6 +41,7 @@ from minivllm.entrypoints.openai.inputs import RequestLimits
 from minivllm.entrypoints.openai.load import LoadCounter, OrcaLoadHeader, ServerLoad
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.parsing import add_schemas, body_schema, parse_body, parse_first
+from minivllm.entrypoints.openai.reasoning import HARMONY_REASONING_PARSERS
 from minivllm.entrypoints.openai.serving import OpenAIServing
 from minivllm.entrypoints.openai.serving_base import ChatParsers, UsageOptions
 from minivllm.entrypoints.openai.serving_batch import BatchChatServing
@@ -76,8 +77,9 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     async_llm.add_stat_logger(stats)
     limits = RequestLimits(config.max_n, config.max_stop_strings, config.max_stop_string_chars,
                            config.trust_request_chat_template)
+    harmony = config.tool_call_parser == "openai" or config.reasoning_parser in HARMONY_REASONING_PARSERS
     serving = OpenAIServing(async_llm, served_model_name, limits, ChatParsers(
-        config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser),
+        config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser, harmony),
         UsageOptions(config.enable_force_include_usage, config.enable_prompt_tokens_details),
         tokens_as_ids=config.return_tokens_as_token_ids, per_request_metrics=config.enable_per_request_metrics)
     batch = BatchChatServing(serving)

@@ -11,6 +11,8 @@ With a reasoning parser, unless the prompt closed the think block, the model may
 grammar applies (``structured.after_reasoning``): the reasoning is split off first, and the content, the forced
 call(s) included, is read from the rest. With thinking off a forced call's grammar starts at the first token,
 and its whole output is the call.
+
+gpt-oss's harmony outputs are read by ``harmony_outputs.HarmonyOutputReader``, which has this reader's interface.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _delta_calls(deltas: list[ToolCallDelta]) -> list[R.DeltaToolCall] | None:
+def delta_calls(deltas: list[ToolCallDelta]) -> list[R.DeltaToolCall] | None:
+    """A stream's tool-call pieces in OpenAI's delta shape (None when there are none)."""
     out = [R.DeltaToolCall(index=d.index, id=d.id, type="function" if d.id else None,
                            function=R.DeltaFunctionCall(name=d.name, arguments=d.arguments))
            for d in deltas if d.id or d.name or d.arguments]
@@ -138,7 +141,7 @@ class ChoiceStreamer:
             if final:
                 more, last = self.tools.finish()
                 fed, deltas = fed + more, deltas + last
-            content, calls = fed, _delta_calls(deltas)
+            content, calls = fed, delta_calls(deltas)
             self.num_calls = self.tools.num_calls
         if not reasoning and not content and not calls:
             return None

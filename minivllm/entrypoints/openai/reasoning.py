@@ -23,6 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from minivllm.entrypoints.openai.tool_parsers.harmony import (
+    ANALYSIS,
+    CHANNEL,
+    END,
+    MESSAGE,
+    HarmonyStreamer,
+    count_reasoning_tokens,
+    parse_harmony,
+)
 from minivllm.entrypoints.openai.tool_parsers.stream_out import held_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -170,8 +179,58 @@ def _first_prefix(token_ids: list[int], decode: Callable[[list[int]], str], hold
     return lo
 
 
-#: ``--reasoning-parser`` names (vLLM's) to parser classes
-REASONING_PARSERS = {"qwen3": Qwen3ReasoningParser}
+class GptOssReasoningStreamer:
+    """One streamed gpt-oss output: its ``analysis`` bodies are reasoning, its answer the content (tool calls,
+    which are neither, are the tool parser's)."""
+
+    def __init__(self) -> None:
+        self._harmony = HarmonyStreamer()
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        """Take the next piece of output; return ``(reasoning delta, content delta)``."""
+        out = self._harmony.feed(delta)
+        return out.reasoning, out.content
+
+    def finish(self) -> tuple[str, str]:
+        """End of output: return what was held back, as ``(reasoning delta, content delta)``."""
+        out = self._harmony.finish()
+        return out.reasoning, out.content
+
+
+class GptOssReasoningParser:
+    """gpt-oss's reasoning: the ``analysis`` channel of its harmony messages (``tool_parsers/harmony.py``: the rules).
+
+    ``thinking`` is accepted for the common interface and changes nothing: a harmony output names each message's
+    channel itself. The markers (for ``thinking_token_budget``) are the analysis message's header and
+    ``<|end|>``."""
+
+    reasoning_start_str, reasoning_end_str = f"{CHANNEL}{ANALYSIS}{MESSAGE}", END
+
+    def extract(self, text: str, *, thinking: bool | None = None) -> tuple[str | None, str | None]:
+        """``(reasoning, content)`` of a whole output; ``None`` for an empty part."""
+        message = parse_harmony(text)
+        return message.reasoning, message.content
+
+    def count_tokens(self, token_ids: list[int], decode: Callable[[list[int]], str], *,
+                     thinking: bool | None = None) -> int:
+        """How many of ``token_ids`` are in analysis bodies (``decode`` keeps special tokens)."""
+        return count_reasoning_tokens(token_ids, lambda t: decode([t]))
+
+    def streamer(self, *, thinking: bool | None = None) -> GptOssReasoningStreamer:
+        """A fresh incremental parser for one output."""
+        return GptOssReasoningStreamer()
+
+    @staticmethod
+    def thinking_from_prompt(prompt: str) -> bool | None:
+        """Always ``None``: a harmony prompt leaves the channel to the model."""
+        return None
+
+
+#: ``--reasoning-parser`` names (vLLM's; ``gpt_oss`` too) to parser classes
+REASONING_PARSERS = {"qwen3": Qwen3ReasoningParser, "openai_gptoss": GptOssReasoningParser,
+                     "gpt_oss": GptOssReasoningParser}
+#: the reasoning parsers of the harmony format: a server with one reads chat outputs as harmony
+HARMONY_REASONING_PARSERS = ("openai_gptoss", "gpt_oss")
 
 
 def with_reasoning_markers(engine_kwargs: dict, reasoning_parser: str | None) -> dict:

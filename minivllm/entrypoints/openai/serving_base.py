@@ -75,11 +75,13 @@ def final_usage(finals: list[RequestOutput], options: UsageOptions = UsageOption
 
 @dataclass(frozen=True)
 class ChatParsers:
-    """How chat outputs are read back: ``tool_call_parser`` (set when ``tool_choice: auto`` is enabled) and
-    ``reasoning_parser`` (None: off)."""
+    """How chat outputs are read back: ``tool_call_parser`` (set when ``tool_choice: auto`` is enabled),
+    ``reasoning_parser`` (None: off), and ``harmony``: as gpt-oss's harmony messages (``harmony_outputs.py``;
+    set by the harmony parsers' names)."""
 
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    harmony: bool = False
 
 
 class ServingBase:

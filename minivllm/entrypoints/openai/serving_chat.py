@@ -14,6 +14,7 @@ from minivllm.entrypoints.openai import responses as R
 from minivllm.entrypoints.openai.beam_search import check_beam_search_request
 from minivllm.entrypoints.openai.chat_outputs import ChatOutputReader
 from minivllm.entrypoints.openai.errors import APIError
+from minivllm.entrypoints.openai.harmony_outputs import HarmonyOutputReader
 from minivllm.entrypoints.openai.serving_base import ServingBase, final_usage, json_response, new_usage
 from minivllm.entrypoints.openai.streams import collect, delta_with_rest, guarded, sse, stream_outputs
 from minivllm.entrypoints.openai.structured import after_reasoning, constraint
@@ -39,11 +40,19 @@ class ChatServing(ServingBase):
                                 'set', param="tool_choice")
         if not req.tools and choice not in ("none", "auto"):
             raise APIError(400, "tool_choice needs tools", param="tool_choice")
-        so, field = constraint(req.response_format, req.structured_outputs, req.tools, choice, req.parallel_tool_calls)
+        harmony = self.parsers.harmony
+        so, field = constraint(req.response_format, req.structured_outputs, req.tools, choice, req.parallel_tool_calls,
+                               harmony=harmony)
         ids = await self.tokenization.chat(req.messages, req.template_args())
-        tail = self.tokenization.decode_now(ids[-8:], skip_special_tokens=False) if self.parsers.reasoning_parser else ""
-        reader = ChatOutputReader(choice if req.tools else "none", self.parsers.tool_call_parser,
-                                  self.parsers.reasoning_parser, tail, req.include_reasoning)
+        if harmony:  # its channels and calls are read off special tokens, which the text must keep
+            req.skip_special_tokens = False
+            reader = HarmonyOutputReader(choice if req.tools else "none", self.parsers.reasoning_parser is not None,
+                                         req.include_reasoning)
+        else:
+            tail = (self.tokenization.decode_now(ids[-8:], skip_special_tokens=False) if self.parsers.reasoning_parser
+                    else "")
+            reader = ChatOutputReader(choice if req.tools else "none", self.parsers.tool_call_parser,
+                                      self.parsers.reasoning_parser, tail, req.include_reasoning)
         if so is not None and reader.reasoning_markers is not None:  # the model may reason first, as vLLM lets it
             start, end = [await self.tokenization.encode(m, add_special_tokens=False, check_length=False)
                           for m in reader.reasoning_markers]
@@ -95,7 +104,7 @@ class ChatServing(ServingBase):
             prompt_token_ids=list(out.prompt_token_ids) if with_ids else None,
             metrics=self.metrics_of([out], req.n, usage.completion_tokens)))
 
-    def _count_reasoning(self, usage: R.UsageInfo, reader: ChatOutputReader, outputs: list[list[int]]) -> None:
+    def _count_reasoning(self, usage: R.UsageInfo, reader: ChatOutputReader | HarmonyOutputReader, outputs: list[list[int]]) -> None:
         """``usage.completion_tokens_details.reasoning_tokens``, where the server has a reasoning parser (vLLM's)."""
         if self.parsers.reasoning_parser is None:
             return

@@ -4,11 +4,14 @@ follow.
 
 ``tool_choice: "required"`` and a named function are enforced by a JSON schema, as in vLLM: a named function's
 output is its arguments object; ``required`` gives a JSON array of ``{"name", "parameters"}`` calls. Either way
-the arguments always parse and validate against the tool's parameters.
+the arguments always parse and validate against the tool's parameters. For gpt-oss (a server that reads harmony)
+the forced choices are instead a grammar of one harmony call (``harmony_call_grammar``), and a ``response_format``
+one of a harmony final message (``harmony_answer_grammar``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from minivllm.entrypoints.openai.errors import APIError
@@ -68,10 +71,47 @@ def _hoist_defs(tools: list[Tool], params: list[dict[str, Any]]) -> dict[str, An
     return defs
 
 
+def harmony_call_grammar(tools: list[Tool], name: str | None) -> str:
+    """The Lark grammar (llguidance's dialect) of one harmony tool call, for gpt-oss's ``tool_choice``
+    ``required`` (any of ``tools``) or a named function (``name``)::
+
+        <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{arguments}<|call|>
+
+    Harmony makes one call per turn: ``<|call|>`` ends it. The arguments follow the function's parameters
+    schema, without whitespace between JSON tokens (as the JSON tool choices)."""
+    chosen = [t.function for t in tools if name is None or t.function.name == name]
+    rules = ["start: <|channel|> \"commentary to=functions.\" call",
+             "call: " + " | ".join(f"f{i}" for i in range(len(chosen)))]
+    for i, fn in enumerate(chosen):
+        rules.append(f"f{i}: {json.dumps(fn.name + ' ')} <|constrain|> \"json\" <|message|> a{i} <|call|>")
+        rules.append(f"a{i}: {_lark_json(_params_schema(fn))}")
+    return "\n".join(rules)
+
+
+def harmony_answer_grammar(schema: Any) -> str:
+    """The Lark grammar of a harmony answer that is JSON valid under ``schema`` (gpt-oss's ``response_format``,
+    which constrains the answer, not the whole output)::
+
+        <|channel|>final<|message|>{...}<|return|>
+    """
+    return f"start: <|channel|> \"final\" <|message|> answer <|return|>\nanswer: {_lark_json(schema)}"
+
+
+def _lark_json(schema: Any) -> str:
+    """A Lark rule's body for JSON valid under ``schema``, without whitespace between its tokens."""
+    if isinstance(schema, dict):
+        schema = {**schema, "x-guidance": {"whitespace_flexible": False}}
+    return f"%json {json.dumps(schema, ensure_ascii=False)}"
+
+
 def constraint(response_format: ResponseFormat | None, structured: StructuredOutputsRequest | None,
                tools: list[Tool] | None = None, tool_choice: ToolChoice | None = None,
-               parallel_tool_calls: bool = True) -> tuple[StructuredOutputsParams | None, str | None]:
-    """The request's one output constraint and the field it came from (for errors), or ``(None, None)``."""
+               parallel_tool_calls: bool = True,
+               harmony: bool = False) -> tuple[StructuredOutputsParams | None, str | None]:
+    """The request's one output constraint and the field it came from (for errors), or ``(None, None)``.
+    ``harmony``: a forced tool choice is a harmony call (``harmony_call_grammar``), a ``response_format`` the
+    answer of a harmony final message (``harmony_answer_grammar``); ``structured_outputs`` still covers the
+    whole output, harmony's tokens included."""
     given = []
     if response_format is not None and response_format.type != "text":
         given.append("response_format")
@@ -87,14 +127,20 @@ def constraint(response_format: ResponseFormat | None, structured: StructuredOut
         return None, None
     field = given[0]
     try:
+        if field == "tool_choice" and harmony:
+            return StructuredOutputsParams(grammar=harmony_call_grammar(tools, forced[1])), field
         if field == "tool_choice":
             return StructuredOutputsParams(json=forced[0]), field
         if field == "response_format":
             if response_format.type == "json_object":
+                if harmony:
+                    return StructuredOutputsParams(grammar=harmony_answer_grammar({"type": "object"})), field
                 return StructuredOutputsParams(json_object=True), field
             if response_format.json_schema is None or response_format.json_schema.schema_ is None:
                 raise APIError(400, "response_format of type json_schema needs json_schema.schema",
                                param="response_format")
+            if harmony:
+                return StructuredOutputsParams(grammar=harmony_answer_grammar(response_format.json_schema.schema_)), field
             return StructuredOutputsParams(json=response_format.json_schema.schema_), field
         return StructuredOutputsParams(**structured.model_dump(by_alias=True, exclude_none=True)), field
     except ValueError as exc:

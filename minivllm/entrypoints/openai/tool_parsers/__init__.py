@@ -4,9 +4,11 @@
 from minivllm.entrypoints.openai.tool_parsers.base import ToolCall, ToolCallDelta, ToolParser, ToolStreamer
 from minivllm.entrypoints.openai.tool_parsers.hermes import HermesToolParser
 from minivllm.entrypoints.openai.tool_parsers.llama3_json import Llama3JsonToolParser
+from minivllm.entrypoints.openai.tool_parsers.openai import OpenAIToolParser
 
 #: ``--tool-call-parser`` names (vLLM's) to parser classes
-TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser}
+TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser,
+                                              "openai": OpenAIToolParser}
 
-__all__ = ["TOOL_PARSERS", "HermesToolParser", "Llama3JsonToolParser", "ToolCall", "ToolCallDelta",
-           "ToolParser", "ToolStreamer"]
+__all__ = ["TOOL_PARSERS", "HermesToolParser", "Llama3JsonToolParser", "OpenAIToolParser", "ToolCall",
+           "ToolCallDelta", "ToolParser", "ToolStreamer"]
