@@ -19,7 +19,12 @@ from minivllm.config.hf import arch_from_dict
 from minivllm.config.model import ArchConfig
 from minivllm.entrypoints.bench.models import resolve_model
 from minivllm.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
-from tests.helpers.engine_checks import check_chunked_prefill, check_prefix_cache_hit
+from tests.helpers.engine_checks import (
+    check_chunked_prefill,
+    check_preemption,
+    check_prefix_cache_hit,
+    check_tp2_equals_tp1,
+)
 from tests.helpers.gemma3_checkpoints import (
     TINY_IMAGE_TOKEN,
     TINY_WINDOW,
@@ -94,31 +99,14 @@ def test_prefix_cache_hit_matches_transformers(gemma3):
 
 
 def test_preemption_matches_transformers(gemma3):
-    # 16 blocks x 16 tokens = 256 tokens of cache for 13 prompts of up to ~130 tokens + 32 new
-    llm = LLM(gemma3, device="cpu", num_kvcache_blocks=16, max_model_len=256)
-    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert llm.engine.scheduler.num_preemptions > 0
-    check_against_hf(gemma3, llm, token_prompts(llm, PROMPTS), outputs)
+    check_preemption(gemma3)
 
-
-TP_PROMPTS = [[(7 * i + 3 * j + 1) % 380 for j in range(3 + 11 * i)] for i in range(10)]  # 3..102 tokens
-TP_GREEDY = SamplingParams(temperature=0, ignore_eos=True, max_tokens=16)
-
-
-def _tp_tokens(path: str, tp: int) -> list[list[int]]:
-    with LLM(path, device="cpu", dtype="float32", tensor_parallel_size=tp) as llm:
-        return [o["token_ids"] for o in llm.generate(TP_PROMPTS, TP_GREEDY, use_tqdm=False)]
 
 
 def test_tp2_matches_tp1(gemma3):
     """Each rank holds one of the two KV heads, its two query heads with their q/k norms, half of the MLP and
     of the vocabulary; o_proj and down_proj sum over the ranks before Gemma's post-norms."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert _tp_tokens(gemma3, 2) == _tp_tokens(gemma3, 1)
-    finally:
-        torch.set_num_threads(prev)
+    check_tp2_equals_tp1(gemma3)
 
 
 def test_final_logit_softcapping_is_transformers(gemma3, tmp_path):

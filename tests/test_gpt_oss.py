@@ -17,7 +17,12 @@ from minivllm.config.hf import arch_from_dict
 from minivllm.entrypoints.bench.models import resolve_model
 from minivllm.layers.rotary import RotaryEmbedding
 from minivllm.models.gpt_oss import GptOssForCausalLM, GptOssMoE
-from tests.helpers.engine_checks import check_chunked_prefill, check_prefix_cache_hit
+from tests.helpers.engine_checks import (
+    check_chunked_prefill,
+    check_preemption,
+    check_prefix_cache_hit,
+    check_tp2_equals_tp1,
+)
 from tests.helpers.gpt_oss_checkpoints import TINY_WINDOW, build_gpt_oss_checkpoint
 from tests.test_engine_correctness import GREEDY, PROMPTS, check_against_hf, token_prompts
 
@@ -52,31 +57,14 @@ def test_prefix_cache_hit_matches_transformers(gpt_oss):
 
 
 def test_preemption_matches_transformers(gpt_oss):
-    # 16 blocks x 16 tokens = 256 tokens of cache for 13 prompts of up to ~130 tokens + 32 new
-    llm = LLM(gpt_oss, device="cpu", num_kvcache_blocks=16, max_model_len=256)
-    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert llm.engine.scheduler.num_preemptions > 0
-    check_against_hf(gpt_oss, llm, token_prompts(llm, PROMPTS), outputs)
+    check_preemption(gpt_oss)
 
-
-TP_PROMPTS = [[(7 * i + 3 * j + 1) % 380 for j in range(3 + 11 * i)] for i in range(10)]  # 3..102 tokens
-TP_GREEDY = SamplingParams(temperature=0, ignore_eos=True, max_tokens=16)
-
-
-def _tp_tokens(path: str, tp: int) -> list[list[int]]:
-    with LLM(path, device="cpu", dtype="float32", tensor_parallel_size=tp) as llm:
-        return [o["token_ids"] for o in llm.generate(TP_PROMPTS, TP_GREEDY, use_tqdm=False)]
 
 
 def test_tp2_matches_tp1(gpt_oss):
     """Each rank holds one KV head, its two query heads and their sinks, half of every expert (its slices of the
     interleaved gate/up and their biases; the down bias on rank 0 only)."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert _tp_tokens(gpt_oss, 2) == _tp_tokens(gpt_oss, 1)
-    finally:
-        torch.set_num_threads(prev)
+    check_tp2_equals_tp1(gpt_oss)
 
 
 # ------------------------------------------------------------------ the pieces against transformers' modules

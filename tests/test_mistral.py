@@ -18,7 +18,12 @@ from minivllm.config.model import ArchConfig
 from minivllm.entrypoints.bench.models import resolve_model
 from minivllm.models.mistral import MistralForCausalLM
 from minivllm.models.qwen3 import LlamaForCausalLM
-from tests.helpers.engine_checks import check_chunked_prefill, check_prefix_cache_hit
+from tests.helpers.engine_checks import (
+    check_chunked_prefill,
+    check_preemption,
+    check_prefix_cache_hit,
+    check_tp2_equals_tp1,
+)
 from tests.helpers.mistral_checkpoints import TINY_WINDOW, build_mistral_checkpoint
 from tests.test_engine_correctness import GREEDY, PROMPTS, check_against_hf, token_prompts
 
@@ -67,30 +72,13 @@ def test_prefix_cache_hit_matches_transformers(mistral):
 
 
 def test_preemption_matches_transformers(mistral):
-    # 16 blocks x 16 tokens = 256 tokens of cache for 13 prompts of up to ~70 tokens + 32 new
-    llm = LLM(mistral, device="cpu", num_kvcache_blocks=16, max_model_len=256)
-    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert llm.engine.scheduler.num_preemptions > 0
-    check_against_hf(mistral, llm, token_prompts(llm, PROMPTS), outputs)
+    check_preemption(mistral)
 
-
-TP_PROMPTS = [[(7 * i + 3 * j + 1) % 380 for j in range(3 + 11 * i)] for i in range(10)]  # 3..102 tokens
-TP_GREEDY = SamplingParams(temperature=0, ignore_eos=True, max_tokens=16)
-
-
-def _tp_tokens(path: str, tp: int) -> list[list[int]]:
-    with LLM(path, device="cpu", dtype="float32", tensor_parallel_size=tp) as llm:
-        return [o["token_ids"] for o in llm.generate(TP_PROMPTS, TP_GREEDY, use_tqdm=False)]
 
 
 def test_tp2_matches_tp1(mistral):
     """Each rank holds one of the two KV heads and its two query heads, each sliding over the same window."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert _tp_tokens(mistral, 2) == _tp_tokens(mistral, 1)
-    finally:
-        torch.set_num_threads(prev)
+    check_tp2_equals_tp1(mistral)
 
 
 def _with_config(src: str, dst: Path, **changes) -> str:

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from tests.helpers.harmony_checkpoints import build_harmony_checkpoint
-from tests.helpers.server_utils import running_server
+from tests.helpers.server_utils import chat_message, running_server
 
 pytestmark = pytest.mark.server
 ARGS = ["--served-model-name", "gpt-oss", "--device", "cpu", "--enable-auto-tool-choice", "--tool-call-parser",
@@ -40,25 +40,7 @@ def server(tmp_path_factory):
 def chat(server, stream: bool, **kw):
     """(message dict, finish_reason) of one chat completion; a stream is put back together from its deltas."""
     kw = {"model": "gpt-oss", "messages": USER, "temperature": 0, "max_tokens": 120, **kw}
-    if not stream:
-        r = server.client.chat.completions.create(**kw)
-        return r.choices[0].message.model_dump(), r.choices[0].finish_reason
-    content, reasoning, calls, finish = "", "", {}, None
-    for chunk in server.client.chat.completions.create(stream=True, **kw):
-        for c in chunk.choices:
-            d = c.delta
-            content += d.content or ""
-            reasoning += getattr(d, "reasoning", None) or ""
-            for tc in d.tool_calls or []:
-                call = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
-                if tc.id:
-                    assert call["id"] is None, "a call's id comes once"
-                    call["id"], call["name"] = tc.id, tc.function.name
-                call["arguments"] += tc.function.arguments or ""
-            finish = c.finish_reason or finish
-    calls = [{"id": c["id"], "function": {"name": c["name"], "arguments": c["arguments"]}}
-             for _, c in sorted(calls.items())]
-    return {"content": content or None, "reasoning": reasoning or None, "tool_calls": calls}, finish
+    return chat_message(server.client, stream, **kw)
 
 
 def _one_call(msg: dict, finish: str) -> tuple[str, dict]:

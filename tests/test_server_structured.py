@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from tests.helpers.json_schemas import SCHEMAS
-from tests.helpers.server_utils import ROOT, running_server
+from tests.helpers.server_utils import ROOT, chat_message, running_server
 
 pytestmark = [pytest.mark.server,
               pytest.mark.skipif(not (ROOT / "models" / "minivllm-demo-py").is_dir(), reason="no demo model")]
@@ -40,25 +40,7 @@ def server(tmp_path_factory):
 def chat(server, stream: bool, **kw):
     """(message dict, finish_reason) of one chat completion; a stream is put back together from its deltas."""
     kw = {"model": "demo", "messages": USER, "temperature": 0, "max_tokens": 200, **kw}
-    if not stream:
-        r = server.client.chat.completions.create(**kw)
-        return r.choices[0].message.model_dump(), r.choices[0].finish_reason
-    content, reasoning, calls, finish = "", "", {}, None
-    for chunk in server.client.chat.completions.create(stream=True, **kw):
-        for c in chunk.choices:
-            d = c.delta
-            content += d.content or ""
-            reasoning += getattr(d, "reasoning", None) or ""
-            for tc in d.tool_calls or []:
-                call = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
-                if tc.id:
-                    assert call["id"] is None, "a call's id comes once"
-                    call["id"], call["name"] = tc.id, tc.function.name
-                call["arguments"] += tc.function.arguments or ""
-            finish = c.finish_reason or finish
-    calls = [{"id": c["id"], "function": {"name": c["name"], "arguments": c["arguments"]}}
-             for _, c in sorted(calls.items())]
-    return {"content": content or None, "reasoning": reasoning or None, "tool_calls": calls}, finish
+    return chat_message(server.client, stream, **kw)
 
 
 def _parallel(fn, items):

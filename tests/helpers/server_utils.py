@@ -91,3 +91,28 @@ def stream_events(url: str, path: str, body: dict) -> list[dict]:
         lines = [ln.removeprefix("data: ") for ln in r.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     return [json.loads(ln) for ln in lines[:-1]]
+
+
+def chat_message(client, stream: bool, **kw) -> tuple[dict, str | None]:
+    """(message dict, finish_reason) of one chat completion through the ``openai`` client; a stream is put back
+    together from its deltas (content, reasoning, and each tool call's id and name once, its arguments in
+    pieces)."""
+    if not stream:
+        r = client.chat.completions.create(**kw)
+        return r.choices[0].message.model_dump(), r.choices[0].finish_reason
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            d = c.delta
+            content += d.content or ""
+            reasoning += getattr(d, "reasoning", None) or ""
+            for tc in d.tool_calls or []:
+                call = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                if tc.id:
+                    assert call["id"] is None, "a call's id comes once"
+                    call["id"], call["name"] = tc.id, tc.function.name
+                call["arguments"] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    calls = [{"id": c["id"], "function": {"name": c["name"], "arguments": c["arguments"]}}
+             for _, c in sorted(calls.items())]
+    return {"content": content or None, "reasoning": reasoning or None, "tool_calls": calls}, finish
