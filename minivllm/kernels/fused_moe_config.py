@@ -30,8 +30,15 @@ DECODE_MAX_PAIRS = 16
 
 
 def device_name(device: torch.device | None = None) -> str:
-    """The CUDA device's name as config files spell it (spaces as underscores)."""
-    return torch.cuda.get_device_name(device).replace(" ", "_")
+    """The CUDA device's name as config files spell it (spaces as underscores); looked up once per device, since
+    every MoE layer asks on every call."""
+    index = device.index if isinstance(device, torch.device) else device
+    return _device_name(torch.cuda.current_device() if index is None else index)
+
+
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index).replace(" ", "_")
 
 
 def config_file_name(num_experts: int, n: int, device: str, fp8: bool = False) -> str:
@@ -78,7 +85,7 @@ def get_config(m: int, num_experts: int, n: int, top_k: int, device: str | None,
                directory: Path = CONFIG_DIR) -> dict:
     """The grouped-GEMM config for ``m`` tokens: the nearest batch size's in the device's file, else the
     default. ``device`` None (no CUDA, the interpreter) always takes the default."""
-    table = None if device is None else load_configs(directory / config_file_name(num_experts, n, device, fp8))
+    table = _grouped_table(num_experts, n, device, fp8, directory)
     if not table:
         return default_config(m, num_experts, top_k)
     return table[min(table, key=lambda size: (abs(size - m), size))]
@@ -123,6 +130,13 @@ def load_decode_configs(path: Path) -> dict[int, tuple[tuple[int, ...], tuple[in
     return {int(m): check_decode_tiles(tiles, top_k, f"{path} [{m}]") for m, tiles in raw.items()}
 
 
+@functools.cache
+def _grouped_table(num_experts: int, n: int, device: str | None, fp8: bool, directory: Path) -> dict | None:
+    """The device's grouped configs for this shape (cached: read once per shape, not per layer and call)."""
+    return None if device is None else load_configs(directory / config_file_name(num_experts, n, device, fp8))
+
+
+@functools.cache
 def _decode_table(num_experts: int, n: int, hidden: int, top_k: int, device: str | None, fp8: bool,
                   directory: Path) -> dict | None:
     if device is None:
