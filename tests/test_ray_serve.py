@@ -148,8 +148,10 @@ def test_a_killed_replica_fails_its_own_streams_and_is_replaced(serve_url):
                 if "EngineReplica" in n["name"] and n["namespace"] == "serve"]
     assert len(replicas) == 2
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(stream, i) for i in range(4)]
-        _wait_for(lambda: all(started), 60, "all four streams to start")
+        futures = []
+        for i in range(4):  # NOTE: one at a time, so the router sees each queue grow and spreads them over both
+            futures.append(pool.submit(stream, i))
+            _wait_for(lambda i=i: started[i], 60, f"stream {i} to start")
         ray.kill(ray.get_actor(replicas[0], namespace="serve"), no_restart=True)
         results = [f.result(timeout=120) for f in futures]  # NOTE: no hang: each ends, with its text or an error
     assert "done" in results and any(r.startswith("error") for r in results), results
