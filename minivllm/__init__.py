@@ -5,10 +5,11 @@ without torch.
 """
 
 from minivllm.beam_search import BeamSearchParams
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_outputs_params import StructuredOutputsParams
 
-__all__ = ["LLM", "BeamSearchParams", "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["LLM", "BeamSearchParams", "LoRARequest", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.2.0"
 
 

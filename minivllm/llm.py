@@ -7,6 +7,7 @@ from typing import Any
 from minivllm.beam_search import BeamSearchOutput, BeamSearchParams
 from minivllm.engine.beam_search import run_beam_search
 from minivllm.engine.tokenizer import chat_template_args, refuse_media_parts
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
 
@@ -35,15 +36,31 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[dict]:
+                 use_tqdm: bool = True, lora_request: LoRARequest | list[LoRARequest | None] | None = None
+                 ) -> list[dict]:
         """Generate for a batch; returns ``[{"text", "token_ids", "finish_reason", ...}]`` in prompt order.
 
         ``prompts``: a string or a list of token ids, or a list of them; ``sampling_params``: one for all
-        (None: the defaults) or one per prompt. ValueError naming the parameter for bad input, before any
-        prompt runs.
+        (None: the defaults) or one per prompt; ``lora_request``: the LoRA adapter of every prompt, or one per
+        prompt (None: the base model; needs ``enable_lora=True``). ValueError naming the parameter for bad input,
+        before any prompt runs.
         """
         prompts, params = batch_of_prompts(prompts, sampling_params)
-        return [out.to_dict() for out in self.engine.run_batch(prompts, params, use_tqdm=use_tqdm)]
+        loras = batch_of_loras(lora_request, len(prompts))
+        kw = {"lora_requests": loras} if loras is not None else {}
+        return [out.to_dict() for out in self.engine.run_batch(prompts, params, use_tqdm=use_tqdm, **kw)]
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Make a LoRA adapter known to the engine (its folder checked now); see ``LLMEngine.add_lora``."""
+        return self.engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget a LoRA adapter; False if unknown."""
+        return self.engine.remove_lora(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters the engine knows."""
+        return self.engine.list_loras()
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | list[SamplingParams]
              | None = None, use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
@@ -133,6 +150,22 @@ def batch_of_prompts(prompts, sampling_params) -> tuple[list, list[SamplingParam
     if len(sampling_params) != len(prompts):
         raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
     return prompts, list(sampling_params)
+
+
+def batch_of_loras(lora_request, num_prompts: int) -> list[LoRARequest | None] | None:
+    """``generate``'s ``lora_request`` as one per prompt (None: no prompt has an adapter); ValueError naming it
+    for a wrong type or count."""
+    if lora_request is None:
+        return None
+    if isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    if not isinstance(lora_request, (list, tuple)) or not all(
+            r is None or isinstance(r, LoRARequest) for r in lora_request):
+        raise ValueError(f"lora_request must be a LoRARequest, a list of them (None for the base model) or None, "
+                         f"got {type(lora_request).__name__}")
+    if len(lora_request) != num_prompts:
+        raise ValueError(f"lora_request: got {len(lora_request)} for {num_prompts} prompts")
+    return list(lora_request)
 
 
 def _beam_prompt(prompt: dict) -> str | list[int]:

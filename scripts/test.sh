@@ -5,7 +5,7 @@
 #   bash scripts/test.sh [PYTEST ARGS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh server,triton,test,ray
+bash scripts/setup.sh server,triton,test,ray,lora
 PY=${PYTHON:-python3}
 "$PY" -m ruff check minivllm tests benchmarks scripts
 "$PY" -m pytest -q -m "" tests benchmarks/tests "$@"

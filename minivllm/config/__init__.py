@@ -18,17 +18,19 @@ from minivllm.config.engine import (
     StructuredOutputsConfig,
 )
 from minivllm.config.fields import engine_arg_fields
+from minivllm.config.lora import LoRAConfig
 from minivllm.config.model import ArchConfig, ModelConfig
 from minivllm.config.sampling import SamplingConfig, WatermarkConfig
 from minivllm.envs import Envs, read_envs
 
-__all__ = ["ArchConfig", "CacheConfig", "Config", "DeviceConfig", "ModelConfig", "ParallelConfig",
+__all__ = ["ArchConfig", "CacheConfig", "Config", "DeviceConfig", "LoRAConfig", "ModelConfig", "ParallelConfig",
            "SamplingConfig", "SchedulerConfig", "StructuredOutputsConfig", "WatermarkConfig"]
 
 #: sub-config attribute of ``Config`` -> its class; every engine argument is a field of one of them
 SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "scheduler_config": SchedulerConfig,
                "parallel_config": ParallelConfig, "device_config": DeviceConfig,
-               "structured_outputs_config": StructuredOutputsConfig, "sampling_config": SamplingConfig}
+               "structured_outputs_config": StructuredOutputsConfig, "sampling_config": SamplingConfig,
+               "lora_config": LoRAConfig}
 
 
 @dataclass
@@ -45,6 +47,7 @@ class Config:
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
+    lora_config: LoRAConfig = field(default_factory=LoRAConfig)
     envs: Envs = field(default_factory=read_envs)
 
     def __post_init__(self) -> None:
@@ -73,6 +76,9 @@ class Config:
             raise ValueError("a mixture-of-experts model with attention_backend='torch' on a GPU needs "
                              "enforce_eager=True: the torch MoE path reads its experts' loads on the host, which "
                              "a CUDA graph cannot capture")
+        if self.lora_config.enable_lora and (mc.fp8 is not None or mc.mxfp4 is not None):
+            raise ValueError("enable_lora: LoRA adapters need the model's weights unquantized (no fp8 or mxfp4 "
+                             "quantization)")
         if dc.attention_backend == "triton" and dc.device == "cpu" and not self.envs.triton_interpret:
             raise ValueError("attention_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, "
                              "slow: for checking kernels); use attention_backend='torch'")

@@ -10,11 +10,15 @@ import xxhash
 from minivllm.core.sequence import PLACEHOLDER, Sequence
 
 
-def hash_block(prev_hash: int, token_ids: list[int]) -> int:
-    """Chained xxh64 of a full block: the hash names the whole token prefix up to this block."""
+def hash_block(prev_hash: int, token_ids: list[int], lora_int_id: int = 0) -> int:
+    """Chained xxh64 of a full block: the hash names the whole token prefix up to this block. The first block's
+    hash also names the LoRA adapter (``lora_int_id``, 0: the base model), so that the chain of every block does:
+    the same tokens under two adapters have different K/V."""
     h = xxhash.xxh64()
     if prev_hash != -1:
         h.update(prev_hash.to_bytes(8, "little"))
+    elif lora_int_id:
+        h.update(b"lora" + lora_int_id.to_bytes(8, "little"))
     h.update(array("q", token_ids).tobytes())
     return h.intdigest()
 
@@ -107,7 +111,8 @@ class BlockManager:
         bs = self.block_size
         while len(hashes) < num_full_blocks:
             i = len(hashes)
-            hashes.append(hash_block(hashes[-1] if hashes else -1, seq.token_ids[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block(hashes[-1] if hashes else -1, seq.token_ids[i * bs:(i + 1) * bs],
+                                     seq.lora_int_id))
         return hashes
 
     def num_skipped_blocks(self, num_computed_tokens: int) -> int:

@@ -7,6 +7,7 @@ from collections import deque
 
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.lora_slots import LoRASlots
 from minivllm.core.scheduler_output import NewRequestData, ScheduledRow, SchedulerOutput
 from minivllm.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 from minivllm.core.stop import check_stop, ends_by_length
@@ -40,12 +41,16 @@ class Scheduler:
     ``block_manager``: one ``BlockManager`` (a one-group cache), or a ``KVCacheManager`` of several KV cache
     groups; either way the scheduler works through a ``KVCacheManager`` (``self.block_manager``). Groups past the
     first send their blocks in ``NewRequestData.group_block_ids`` / ``ScheduledRow.new_group_block_ids``.
+
+    ``max_loras`` (0: no LoRA): the device slots of LoRA adapters (``lora_slots``). A waiting sequence whose
+    adapter has no slot while every slot serves running sequences is held back (the sequences behind it may
+    still be admitted); an admission that puts an adapter into a slot lists it in the output's ``lora_loads``.
     """
 
     def __init__(self, block_manager: BlockManager | KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, eos_token_ids: list[int] | None = None,
                  enable_chunked_prefill: bool = True, max_num_partial_prefills: int = 1,
-                 max_long_partial_prefills: int = 1, long_prefill_threshold: int = 0):
+                 max_long_partial_prefills: int = 1, long_prefill_threshold: int = 0, max_loras: int = 0):
         if isinstance(block_manager, BlockManager):
             block_manager = KVCacheManager([block_manager])
         block_manager.check_fits(max_model_len, max_num_batched_tokens)
@@ -69,6 +74,7 @@ class Scheduler:
         # NOTE: the runner's tables keep the ids of blocks a sliding window released since (never sent as
         # NULL_BLOCK): the kernels read no key before a query's window, so a stale id there is never read unmasked
         self._gone: list[int] = []  # sequences the runner held that left the running set since the last output
+        self.lora_slots = LoRASlots(max_loras) if max_loras else None
 
     # ----------------------------------------------------------------- queues
     def add(self, seq: Sequence) -> None:
@@ -77,6 +83,8 @@ class Scheduler:
             raise ValueError(f"sequence of {seq.num_tokens} tokens exceeds max_model_len {self.max_model_len}")
         if seq.seq_id in self.seqs:
             raise ValueError(f"sequence id {seq.seq_id} is already scheduled")
+        if seq.lora_request is not None and self.lora_slots is None:
+            raise ValueError("lora_request: this scheduler has no LoRA slots (enable_lora is off)")
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
         self.seqs[seq.seq_id] = seq
@@ -130,10 +138,15 @@ class Scheduler:
             scheduled_ids.add(seq.seq_id)
             budget -= num_new
 
+        held: list[Sequence] = []  # waiting sequences of adapters without a slot, passed over this step
+        loads: list[tuple[int, object]] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
             if seq.num_pending_tokens:  # preempted while its token was in flight: wait for the value
                 break
+            if seq.lora_int_id and not self.lora_slots.can_admit(seq.lora_int_id):
+                held.append(self.waiting.popleft())
+                continue
             computed = self.block_manager.get_computed_blocks(seq)
             remaining = seq.num_tokens - len(computed[0]) * self.block_manager.block_size
             num_new = min(remaining, budget, self._chunk_cap())
@@ -150,15 +163,20 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if seq.lora_int_id:
+                slot, load = self.lora_slots.acquire(seq.lora_request)
+                if load:
+                    loads.append((slot, seq.lora_request))
             num_cached += seq.num_cached_tokens
             num_admitted += seq.num_tokens
             scheduled.append((seq, num_new))
             scheduled_ids.add(seq.seq_id)
             budget -= num_new
-        return self._output(scheduled, preempted, num_cached, num_admitted)
+        self.waiting.extendleft(reversed(held))
+        return self._output(scheduled, preempted, num_cached, num_admitted, tuple(loads))
 
     def _output(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence], num_cached: int,
-                num_admitted: int) -> SchedulerOutput:
+                num_admitted: int, lora_loads: tuple = ()) -> SchedulerOutput:
         """The step's frozen output of the ``(sequence, new tokens)`` rows ``scheduled``; then advance each row's
         computed count and give each sampled row a placeholder for its token (its value arrives with
         ``update_from_output``)."""
@@ -191,7 +209,9 @@ class Scheduler:
             held = known.get(seq_id)
             new_groups = None
             if held is None:
-                new.append(self._new_request(seq, table, group_tables(seq_id)[1:] if group_tables else ()))
+                lora_slot = self.lora_slots.slot_of[seq.lora_int_id] if seq.lora_int_id else -1
+                new.append(self._new_request(seq, table, group_tables(seq_id)[1:] if group_tables else (),
+                                             lora_slot))
                 new_blocks = ()
             else:
                 new_blocks = table[held:] if len(table) > held else ()
@@ -214,11 +234,11 @@ class Scheduler:
         if rows:  # NOTE: an empty step is never launched, so its news would not reach the runner
             gone, self._gone = tuple(self._gone), []
         return _output((tuple(rows), tuple(sampled), tuple(new), gone, num_prefill, num_decode,
-                        tuple(s.seq_id for s in preempted), num_cached, num_admitted))
+                        tuple(s.seq_id for s in preempted), num_cached, num_admitted, lora_loads))
 
     @staticmethod
-    def _new_request(seq: Sequence, table: tuple[int, ...],
-                     group_tables: tuple[tuple[int, ...], ...]) -> NewRequestData:
+    def _new_request(seq: Sequence, table: tuple[int, ...], group_tables: tuple[tuple[int, ...], ...],
+                     lora_slot: int = -1) -> NewRequestData:
         """What the runner keeps of a sequence it has not seen; the token values sampling reads only if it does."""
         params = seq.sampling_params
         prompt = output = None
@@ -227,7 +247,8 @@ class Scheduler:
             output = tuple(seq.token_ids[seq.num_prompt_tokens:])
             if params.repetition_penalty != 1.0:
                 prompt = tuple(seq.token_ids[:seq.num_prompt_tokens])
-        return NewRequestData(seq.seq_id, params, table, prompt, output, seq.bad_words_token_ids, group_tables)
+        return NewRequestData(seq.seq_id, params, table, prompt, output, seq.bad_words_token_ids, group_tables,
+                              lora_slot)
 
     def _pick_victim(self, seq: Sequence, scheduled_ids: set[int]) -> Sequence:
         """The unscheduled running sequence (or ``seq`` itself) with the fewest computed tokens, newest first."""
@@ -239,7 +260,13 @@ class Scheduler:
         if self._runner_blocks.pop(seq.seq_id, None) is not None:
             self._gone.append(seq.seq_id)
 
+    def _release_lora(self, seq: Sequence) -> None:
+        """A running sequence stops running: its adapter's slot loses a user."""
+        if seq.lora_int_id and seq.status == SequenceStatus.RUNNING:
+            self.lora_slots.release(seq.lora_int_id)
+
     def _preempt(self, seq: Sequence) -> None:
+        self._release_lora(seq)
         self._forget(seq)
         self.block_manager.free(seq)
         self.running.remove(seq)
@@ -276,6 +303,7 @@ class Scheduler:
         return updated
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        self._release_lora(seq)
         del self.seqs[seq.seq_id]
         seq.drop_pending()
         seq.status = SequenceStatus.FINISHED
@@ -316,4 +344,10 @@ class Scheduler:
         assert not set(self._gone) & self._runner_blocks.keys(), "a sequence both held and gone"
         for seq_id, n in self._runner_blocks.items():
             assert n <= len(self.block_manager.block_table(seq_id)), f"sequence {seq_id}: runner holds {n} blocks"
+        if self.lora_slots is not None:
+            running: dict[int, int] = {}
+            for seq in self.running:
+                if seq.lora_int_id:
+                    running[seq.lora_int_id] = running.get(seq.lora_int_id, 0) + 1
+            self.lora_slots.check_integrity(running)
         return self.block_manager.check_integrity()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
 
@@ -32,6 +33,9 @@ class NewRequestData(NamedTuple):
     # the whole block table of each KV cache group past the first (a hybrid model), in group order; a sliding
     # window's released blocks are ``NULL_BLOCK`` (-1)
     group_block_ids: tuple[tuple[int, ...], ...] = ()
+    # the device slot of its LoRA adapter (``SchedulerOutput.lora_loads`` fills it), -1: the base model; fixed
+    # while the sequence runs
+    lora_slot: int = -1
 
 
 class ScheduledRow(NamedTuple):
@@ -72,6 +76,9 @@ class SchedulerOutput(NamedTuple):
     preempted_seq_ids: tuple[int, ...] = ()
     num_cached_tokens: int = 0  # prefix-cache hit tokens of the sequences admitted this step
     num_admitted_tokens: int = 0  # tokens of the sequences admitted this step (hit-rate denominator)
+    # (slot, adapter): load these LoRA adapters into these device slots before the step (each replaces the
+    # adapter its slot held, which no running sequence uses)
+    lora_loads: tuple[tuple[int, LoRARequest], ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from enum import Enum, auto
 
 from minivllm.core.thinking_budget import ThinkingBudget, ThinkingTracker
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
 #: token id of a sampled token whose value is still on the device (asynchronous scheduling)
@@ -34,13 +35,14 @@ class Sequence:
     next step reads on the device instead of the host value.
 
     ``seq_id`` is given by the engine (unique among its live sequences). Its KV blocks are the block
-    manager's (``BlockManager.block_table(seq_id)``).
+    manager's (``BlockManager.block_table(seq_id)``). ``lora_request``: the adapter it runs with (None: the
+    base model); its id keys the prefix-cache hashes and takes a LoRA slot while the sequence runs.
     """
 
     def __init__(self, seq_id: int, token_ids: list[int], sampling_params: SamplingParams | None = None,
                  request_id: str | None = None, prompt_logprobs: int | None = None,
                  bad_words_token_ids: tuple[tuple[int, ...], ...] = (), watermark_history: int = 0,
-                 thinking_budget: ThinkingBudget | None = None):
+                 thinking_budget: ThinkingBudget | None = None, lora_request: LoRARequest | None = None):
         if not token_ids:
             raise ValueError("a sequence needs at least one token")
         self.seq_id = seq_id
@@ -69,6 +71,8 @@ class Sequence:
         self.output_context = max(self.bad_word_context, watermark_history)
         self.thinking_budget = thinking_budget  # thinking_token_budget: it reads every token's value
         self._thinking = ThinkingTracker(thinking_budget) if thinking_budget is not None else None
+        self.lora_request = lora_request
+        self.lora_int_id = lora_request.lora_int_id if lora_request is not None else 0
 
     def __len__(self) -> int:
         return len(self.token_ids)

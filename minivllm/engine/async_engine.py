@@ -26,6 +26,7 @@ from minivllm.engine.protocol import (
     ModelInfo,
     StatLogger,
 )
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_outputs_params import StructuredOutputsParams
@@ -193,12 +194,12 @@ class AsyncLLM:
             raise EngineNotReadyError("the engine is still loading")
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams,
-                          request_id: str | None = None) -> RequestStream:
+                          request_id: str | None = None, lora_request: LoRARequest | None = None) -> RequestStream:
         """Queue a request; returns its output stream once the engine accepted it.
 
-        Raises ValueError (bad prompt or parameters, or prompt + max_tokens over max_model_len),
-        EngineNotReadyError or EngineDeadError. Every online request reports each step, with its text
-        detokenized incrementally (``delta_text``), whether the client streams or not.
+        Raises ValueError (bad prompt or parameters, or prompt + max_tokens over max_model_len, a bad
+        ``lora_request``), EngineNotReadyError or EngineDeadError. Every online request reports each step, with
+        its text detokenized incrementally (``delta_text``), whether the client streams or not.
         """
         self.check_usable()
         waiting = self._worker.num_waiting
@@ -210,7 +211,7 @@ class AsyncLLM:
             raise ValueError(f"request id {request_id!r} is already in use")
         rs = self._streams[request_id] = RequestStream(self, request_id, params)
         try:
-            await asyncio.wrap_future(self._worker.add(request_id, prompt, params))
+            await asyncio.wrap_future(self._worker.add(request_id, prompt, params, lora_request))
         except asyncio.CancelledError:
             rs.abort()  # the add may still happen: the abort queued behind it undoes it
             raise
@@ -221,11 +222,30 @@ class AsyncLLM:
         return rs
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, lora_request: LoRARequest | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Add a request and yield its outputs; stopping the iteration early aborts it."""
-        rs = await self.add_request(prompt, params, request_id)
+        rs = await self.add_request(prompt, params, request_id, lora_request)
         async for out in rs:
             yield out
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Make a LoRA adapter known to the engine (``LLMEngine.add_lora``: ValueError naming what is wrong with
+        its folder)."""
+        return await self._on_engine(lambda engine: engine.add_lora(lora_request))
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget a LoRA adapter (requests running with it finish with it); False if unknown."""
+        return await self._on_engine(lambda engine: engine.remove_lora(lora_int_id))
+
+    async def list_loras(self) -> set[int]:
+        """The ids of the LoRA adapters the engine knows."""
+        return await self._on_engine(lambda engine: engine.list_loras())
+
+    async def _on_engine(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(engine)`` on the engine loop thread."""
+        self.check_usable()
+        return await asyncio.wrap_future(self._worker.call(fn))
 
     def abort(self, request_id: str) -> None:
         """Abort a request and free its KV blocks now (call on the event loop; unknown ids are ignored)."""

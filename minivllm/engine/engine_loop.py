@@ -1,7 +1,7 @@
 """EngineLoop: the one thread that builds and owns an engine, and makes every call into it.
 
 Other threads talk to it only through a thread-safe queue of commands (``AddRequest``, ``AbortRequest``,
-``Stop``).
+``EngineCall``, ``Stop``).
 The thread drains the queue, steps the engine while it has work (a request added mid-flight joins
 the next step: continuous batching), tells the stat loggers, and hands each step's outputs to the
 ``on_outputs`` callback; when idle it blocks on the queue.
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from minivllm.engine.protocol import EngineDeadError, StatLogger
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
-__all__ = ["AbortRequest", "AddRequest", "EngineLoop", "Stop"]
+__all__ = ["AbortRequest", "AddRequest", "EngineCall", "EngineLoop", "Stop"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class AddRequest:
     prompt: str | list[int]
     params: SamplingParams
     future: concurrent.futures.Future
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,19 @@ class AbortRequest:
 
 
 @dataclass(frozen=True)
+class EngineCall:
+    """Run ``fn(engine)`` on the loop thread (``add_lora`` and the like); ``future`` gets its result or error."""
+
+    fn: Callable[[Any], Any]
+    future: concurrent.futures.Future
+
+
+@dataclass(frozen=True)
 class Stop:
     """Leave the loop (after the commands queued before this one) and close the engine."""
 
 
-Command = AddRequest | AbortRequest | Stop
+Command = AddRequest | AbortRequest | EngineCall | Stop
 
 
 class EngineLoop:
@@ -82,13 +92,22 @@ class EngineLoop:
         """Sequences waiting for the engine: queued adds plus the scheduler's waiting queue."""
         return self._queued_seqs + self.engine_waiting
 
-    def add(self, request_id: str, prompt, params) -> concurrent.futures.Future:
+    def add(self, request_id: str, prompt, params, lora_request: LoRARequest | None = None
+            ) -> concurrent.futures.Future:
         """Queue an ``engine.add_request``; the future gets its result or its ValueError."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._queued_lock:
             self._queued_seqs += params.n
-        self._commands.put(AddRequest(request_id, prompt, params, fut))
+        self._commands.put(AddRequest(request_id, prompt, params, fut, lora_request))
         if self.error is not None:  # the loop is gone: nobody else will answer
+            self._fail_commands()
+        return fut
+
+    def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
+        """Queue ``fn(engine)`` to run on the loop thread; the future gets its result or its exception."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(EngineCall(fn, fut))
+        if self.error is not None:
             self._fail_commands()
         return fut
 
@@ -146,6 +165,9 @@ class EngineLoop:
                         continue
                 case AbortRequest():
                     self._abort(cmd.request_id)
+                case EngineCall():
+                    self._call(cmd)
+                    continue
             changed = True
 
     def _add(self, cmd: AddRequest) -> bool:
@@ -160,7 +182,7 @@ class EngineLoop:
         try:
             # every online request reports each step (metrics, aborts), streamed or not
             self.engine.add_request(cmd.prompt, cmd.params, request_id=cmd.request_id, stream=True,
-                                    strict_length=True)
+                                    strict_length=True, lora_request=cmd.lora_request)
         except Exception as exc:
             cmd.future.set_exception(exc)
             return False
@@ -168,6 +190,16 @@ class EngineLoop:
         self._live.add(cmd.request_id)
         self.engine_waiting += cmd.params.n  # until the next step's statistics say exactly
         return True
+
+    def _call(self, cmd: EngineCall) -> None:
+        if not cmd.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = cmd.fn(self.engine)
+        except Exception as exc:
+            cmd.future.set_exception(exc)
+            return
+        cmd.future.set_result(result)
 
     def _abort(self, request_id: str) -> None:
         self.engine.abort_request(request_id)
@@ -205,5 +237,5 @@ class EngineLoop:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(cmd, AddRequest) and not cmd.future.done():
+            if isinstance(cmd, (AddRequest, EngineCall)) and not cmd.future.done():
                 cmd.future.set_exception(EngineDeadError(f"the engine failed: {self.error!r}"))

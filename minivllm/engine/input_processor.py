@@ -12,8 +12,10 @@ from dataclasses import dataclass, replace
 
 from minivllm.config import Config
 from minivllm.core.thinking_budget import ThinkingBudget
+from minivllm.engine.lora_registry import LoRARegistry
 from minivllm.engine.structured_output import StructuredOutputManager
 from minivllm.engine.tokenizer import bad_words_token_ids
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import ParameterError, SamplingParams
 
 
@@ -21,22 +23,26 @@ from minivllm.sampling_params import ParameterError, SamplingParams
 class EngineRequest:
     """A checked request, ready for the scheduler: the prompt's text (None when given as token ids) and token
     ids (cut to ``truncate_prompt_tokens`` on ``truncation_side``), the engine's copy of its parameters, and each
-    bad word's token ids, and its ``thinking_token_budget`` with the reasoning's markers as token ids."""
+    bad word's token ids, and its ``thinking_token_budget`` with the reasoning's markers as token ids, and the
+    LoRA adapter it runs with (None: the base model)."""
 
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     thinking_budget: ThinkingBudget | None = None
+    lora_request: LoRARequest | None = None
 
 
 class InputProcessor:
     """Turns ``(prompt, params)`` into an ``EngineRequest`` for one engine's model and tokenizer (None: prompts
     must be token ids); ``structured``: the engine's grammar manager (None without a tokenizer). Raises ValueError
-    naming the parameter for any bad input, before the engine changes."""
+    naming the parameter for any bad input, before the engine changes. ``loras``: the engine's known LoRA
+    adapters (a request's adapter is checked there, once)."""
 
     def __init__(self, config: Config, tokenizer, structured: StructuredOutputManager | None):
         self.tokenizer, self.structured = tokenizer, structured
+        self.loras = LoRARegistry(config)
         self.max_model_len = config.model_config.max_model_len
         self.vocab_size = config.model_config.arch.vocab_size
         self.image_token_id = config.model_config.arch.image_token_id  # a multimodal checkpoint's placeholder
@@ -53,9 +59,10 @@ class InputProcessor:
             self.reasoning_markers = (start, end)
 
     def process(self, prompt: str | list[int], params: SamplingParams | None = None,
-                strict_length: bool = False) -> EngineRequest:
+                strict_length: bool = False, lora_request: LoRARequest | None = None) -> EngineRequest:
         """Check and tokenize one request. ``strict_length`` (the OpenAI server) also rejects a request whose
-        prompt plus ``max_tokens`` exceeds ``max_model_len``, instead of cutting it at that length."""
+        prompt plus ``max_tokens`` exceeds ``max_model_len``, instead of cutting it at that length.
+        ``lora_request``: the adapter to run with (its folder checked the first time its id is seen)."""
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -83,7 +90,8 @@ class InputProcessor:
                                      "set --reasoning-parser and/or --reasoning-config to use thinking_token_budget.",
                                      "thinking_token_budget")
             budget = ThinkingBudget(*self.reasoning_markers, params.thinking_token_budget)
-        return EngineRequest(text, token_ids, params, words, budget)
+        lora = self.loras.resolve(lora_request)
+        return EngineRequest(text, token_ids, params, words, budget, lora)
 
     def _encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

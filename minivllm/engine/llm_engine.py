@@ -22,6 +22,7 @@ from minivllm.engine.progress import BatchProgress
 from minivllm.engine.request_state import RequestState
 from minivllm.engine.structured_output import GrammarBitmask, StructuredOutputManager
 from minivllm.engine.tokenizer import load_tokenizer
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sample.metadata import SAMPLING_EPS
 from minivllm.sampling_params import SamplingParams
@@ -77,7 +78,8 @@ class LLMEngine:
             max_model_len=mc.max_model_len, eos_token_ids=eos, enable_chunked_prefill=sc.enable_chunked_prefill,
             max_num_partial_prefills=sc.max_num_partial_prefills,
             max_long_partial_prefills=sc.max_long_partial_prefills,
-            long_prefill_threshold=sc.long_prefill_threshold)
+            long_prefill_threshold=sc.long_prefill_threshold,
+            max_loras=config.lora_config.max_loras if config.lora_config.enable_lora else 0)
         self.structured = None if self.tokenizer is None else StructuredOutputManager(
             self.tokenizer, mc.arch.vocab_size, eos, config.structured_outputs_config)
         self.processor = InputProcessor(config, self.tokenizer, self.structured)
@@ -95,16 +97,19 @@ class LLMEngine:
 
     # --------------------------------------------------------------- requests
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, stream: bool = False, strict_length: bool = False) -> str:
+                    request_id: str | None = None, stream: bool = False, strict_length: bool = False,
+                    lora_request: LoRARequest | None = None) -> str:
         """Queue a prompt; returns its request id. Raises ValueError (engine unchanged) on bad input.
 
         ``stream=True`` reports every new token from ``step()`` (offline requests report once, when
         finished). ``strict_length=True`` (the OpenAI server) also rejects a request whose prompt
         plus ``max_tokens`` exceeds ``max_model_len``, instead of cutting it at that length.
+        ``lora_request``: the LoRA adapter to run with (None: the base model; needs ``enable_lora``).
         """
         if request_id is not None and request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        return self._add(self.processor.process(prompt, sampling_params, strict_length), request_id, stream)
+        return self._add(self.processor.process(prompt, sampling_params, strict_length, lora_request), request_id,
+                         stream)
 
     def _add(self, request: EngineRequest, request_id: str | None = None, stream: bool = False) -> str:
         """Queue a processed request: one sequence per completion, scheduled now or once its grammar compiled."""
@@ -117,7 +122,8 @@ class LLMEngine:
                            request_id=f"{request_id}-{i}" if params.n > 1 else request_id,
                            prompt_logprobs=params.prompt_logprobs if i == 0 else None,
                            bad_words_token_ids=request.bad_words_token_ids,
-                           watermark_history=self._watermark_history(p), thinking_budget=request.thinking_budget)
+                           watermark_history=self._watermark_history(p), thinking_budget=request.thinking_budget,
+                           lora_request=request.lora_request)
             req.seqs.append(seq)
             req.detoks.append(IncrementalDetokenizer(
                 self.tokenizer, request.prompt_token_ids, skip_special_tokens=p.skip_special_tokens,
@@ -171,6 +177,28 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
+
+    # ------------------------------------------------------------------ LoRA
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Make a LoRA adapter known (its folder checked now: ValueError naming what is wrong); True once known.
+        Requests may also name an adapter that was never added: it is checked and added then."""
+        if lora_request is None:
+            raise ValueError("lora_request must be a LoRARequest, got None")
+        return self.processor.loras.resolve(lora_request) is not None
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget a LoRA adapter (requests already queued with it still finish with it); False if unknown."""
+        if self.scheduler.lora_slots is not None:
+            self.scheduler.lora_slots.forget(lora_int_id)
+        return self.processor.loras.remove(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the known LoRA adapters (vLLM's ``list_loras``); ``lora_adapters()`` gives them whole."""
+        return {lora.lora_int_id for lora in self.processor.loras.list()}
+
+    def lora_adapters(self) -> list[LoRARequest]:
+        """The known LoRA adapters, in the order they were added."""
+        return self.processor.loras.list()
 
     # ------------------------------------------------------------------- step
     def step(self) -> tuple[list[RequestOutput], StepStats]:
@@ -300,10 +328,17 @@ class LLMEngine:
 
     # ---------------------------------------------------------------- batches
     def run_batch(self, prompts: Iterable[str | list[int]], params: Iterable[SamplingParams],
-                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run prompts to completion (``params[i]`` for ``prompts[i]``); their outputs in prompt order. Every
-        request is checked before any is queued; on any error (or ^C) the batch's requests are aborted."""
-        requests = [self.processor.process(p, sp) for p, sp in zip(prompts, params, strict=True)]
+                  use_tqdm: bool = True, lora_requests: Iterable[LoRARequest | None] | None = None
+                  ) -> list[RequestOutput]:
+        """Run prompts to completion (``params[i]`` and ``lora_requests[i]`` for ``prompts[i]``; None: no adapter);
+        their outputs in prompt order. Every request is checked before any is queued; on any error (or ^C) the
+        batch's requests are aborted."""
+        prompts, params = list(prompts), list(params)
+        loras = [None] * len(prompts) if lora_requests is None else list(lora_requests)
+        if len(loras) != len(prompts):
+            raise ValueError(f"lora_request: got {len(loras)} for {len(prompts)} prompts")
+        requests = [self.processor.process(p, sp, lora_request=lr)
+                    for p, sp, lr in zip(prompts, params, loras, strict=True)]
         ids = [self._add(r) for r in requests]
         results: dict[str, RequestOutput] = {}
         pbar = BatchProgress(len(ids)) if use_tqdm else None

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_outputs_params import StructuredOutputsParams
@@ -112,10 +113,20 @@ class EngineClient(Protocol):
         the engine is ready."""
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams,
-                          request_id: str | None = None) -> OutputStream:
-        """Queue a request; returns its output stream once the engine accepted it. Raises ValueError (bad prompt
-        or parameters, prompt + max_tokens over max_model_len, a request id in use), EngineNotReadyError,
+                          request_id: str | None = None, lora_request: LoRARequest | None = None) -> OutputStream:
+        """Queue a request (``lora_request``: its LoRA adapter, None for the base model); returns its output
+        stream once the engine accepted it. Raises ValueError (bad prompt or parameters, prompt + max_tokens over
+        max_model_len, a request id in use, a bad adapter or LoRA not enabled), EngineNotReadyError,
         EngineDeadError or EngineOverloadedError."""
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Make a LoRA adapter known to the engine, its folder checked (ValueError naming what is wrong)."""
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget a LoRA adapter; False if the engine did not know it."""
+
+    async def list_loras(self) -> set[int]:
+        """The ids of the LoRA adapters the engine knows."""
 
     def abort(self, request_id: str) -> None:
         """Abort a request and free its KV blocks (unknown or finished ids are ignored)."""

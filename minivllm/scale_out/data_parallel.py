@@ -37,8 +37,9 @@ class _Replica:
     def ready(self) -> int:
         return self.engine.num_kvcache_blocks
 
-    def run_batch(self, prompts: list, params: list[SamplingParams]) -> list[RequestOutput]:
-        return self.engine.run_batch(prompts, params, use_tqdm=False)
+    def run_batch(self, prompts: list, params: list[SamplingParams], lora_requests: list | None = None
+                  ) -> list[RequestOutput]:
+        return self.engine.run_batch(prompts, params, use_tqdm=False, lora_requests=lora_requests)
 
     def close(self) -> None:
         self.engine.close()
@@ -100,12 +101,16 @@ class DataParallelEngine:
         except ray.exceptions.RayTaskError as e:  # the replica's own exception (a ValueError naming the field)
             raise e.as_instanceof_cause() from None
 
-    def run_batch(self, prompts: list, params: list[SamplingParams], use_tqdm: bool = False) -> list[RequestOutput]:
+    def run_batch(self, prompts: list, params: list[SamplingParams], use_tqdm: bool = False,
+                  lora_requests: list | None = None) -> list[RequestOutput]:
         """``LLMEngine.run_batch`` over the replicas: the same outputs, in prompt order (``use_tqdm`` is ignored)."""
         if len(prompts) != len(params):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        if lora_requests is not None and len(lora_requests) != len(prompts):
+            raise ValueError(f"lora_request: got {len(lora_requests)} for {len(prompts)} prompts")
         shards = [(lo, hi) for lo, hi in shard_bounds(len(prompts), len(self._replicas)) if hi > lo]
-        call = lambda i, lo, hi: self._replicas[i].run_batch.remote(prompts[lo:hi], params[lo:hi])
+        call = lambda i, lo, hi: self._replicas[i].run_batch.remote(
+            prompts[lo:hi], params[lo:hi], lora_requests[lo:hi] if lora_requests is not None else None)
         refs = [call(i, lo, hi) for i, (lo, hi) in enumerate(shards)]
         outs = []
         for i, ((lo, hi), ref) in enumerate(zip(shards, refs)):
