@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field, fields
 
 from minivllm.config.fields import arg, at_least, check_types
+from minivllm.config.lora_modules import LoRAModulePath, parse_lora_modules
 
 _VERSION = re.compile(r"v?\d+(\.\d+)+")
 
@@ -74,6 +75,14 @@ class ServerConfig:
     show_hidden_metrics_for_version: str | None = arg(None, "show the Prometheus metrics deprecated and hidden "
                                                             "since this version (MAJOR.MINOR, vLLM's flag); none "
                                                             "is hidden in this release, so it shows nothing more")
+    lora_modules: list[LoRAModulePath] = field(default_factory=list, metadata={
+        "help": "LoRA adapters to serve from the start, each as name=path or as JSON {\"name\": .., \"path\": .., "
+                "\"base_model_name\": ..} (several after one flag, or the flag repeated); a request's model names "
+                "one; needs --enable-lora", "nargs": "+"})
+    enable_lora_runtime_updates: bool = arg(False, "open POST /v1/load_lora_adapter and /v1/unload_lora_adapter, "
+                                                   "which load and unload adapters while the server runs (any "
+                                                   "client may then read a folder of the server's disk as an "
+                                                   "adapter: off by default); needs --enable-lora")
     autoscale_max_replicas: int | None = arg(None, "with --data-parallel-size N: let Ray Serve add engine replicas, "
                                                    "up to this many, while their queues are long (and remove them "
                                                    "down to N when idle)")
@@ -110,6 +119,7 @@ class ServerConfig:
             check_version("show_hidden_metrics_for_version", self.show_hidden_metrics_for_version)
         if any(not isinstance(k, str) or not k for k in self.api_key):
             raise ValueError("api_key must be non-empty strings")
+        self.lora_modules = parse_lora_modules(self.lora_modules)
 
 
 def check_version(name: str, value: str) -> None:

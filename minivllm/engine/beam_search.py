@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from minivllm.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from minivllm.engine.protocol import EngineClient, OutputStream
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -98,11 +99,13 @@ class BeamSearchStream:
     their text (``decode``), the candidates' logprobs of each step, and its whole text also as the delta, so that a
     streamed response sends it at once. ``prompt_logprobs``: the prompt's, from the first step's request. ``abort``
     ends the search: its requests in flight are aborted and it yields what it has with finish reason ``abort``.
+    ``lora_request``: the adapter every step's requests run with (None: the base model).
     """
 
     def __init__(self, client: EngineClient, prompt_token_ids: list[int], params: BeamSearchParams, request_id: str,
                  *, num_outputs: int, eos_token_ids: Collection[int], max_model_len: int,
-                 decode: Callable[[list[int]], str], seed: int | None = None, prompt_logprobs: int | None = None):
+                 decode: Callable[[list[int]], str], seed: int | None = None, prompt_logprobs: int | None = None,
+                 lora_request: LoRARequest | None = None):
         self.request_id, self.finished = request_id, False
         self._client, self._params, self._decode = client, params, decode
         self._prompt = list(prompt_token_ids)
@@ -110,6 +113,7 @@ class BeamSearchStream:
         self._search = BeamSearch(prompt_token_ids, params, eos_token_ids, max_model_len)
         self._step_params = params.step_params(seed)
         self._prompt_logprobs = prompt_logprobs
+        self._lora_request = lora_request
         self._first: RequestOutput | None = None  # the first step's output (prompt logprobs, cached tokens)
         self._in_flight: list[OutputStream] = []
         self._aborted = False
@@ -157,7 +161,8 @@ class BeamSearchStream:
         if step == 0 and self._prompt_logprobs is not None:
             params = replace(params, prompt_logprobs=self._prompt_logprobs)
         # added together, so that the engine loop takes them in one step
-        adds = [asyncio.ensure_future(self._client.add_request(beam.tokens, params, f"{self.request_id}-s{step}-b{i}"))
+        adds = [asyncio.ensure_future(self._client.add_request(beam.tokens, params, f"{self.request_id}-s{step}-b{i}",
+                                                               lora_request=self._lora_request))
                 for i, beam in enumerate(search.live)]
         try:
             await asyncio.wait(adds)

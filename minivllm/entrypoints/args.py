@@ -66,6 +66,8 @@ def add_flags(parser: argparse.ArgumentParser, flags, title: str, exclude: tuple
         if typ is None:  # a switch that is off by default has no --no- form (vLLM's --enforce-eager)
             action = "store_true" if meta.get("default") is False else argparse.BooleanOptionalAction
             group.add_argument(flag, action=action, **kw)
+        elif typ is list and meta.get("nargs"):  # several values after one flag, or the flag repeated
+            group.add_argument(flag, action="extend", nargs=meta["nargs"], **kw)
         elif typ is list:
             group.add_argument(flag, action="append", **kw)
         else:

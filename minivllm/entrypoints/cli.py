@@ -1,6 +1,7 @@
 """The ``minivllm`` command: ``serve`` (OpenAI-compatible server), ``generate`` (one-shot), ``bench``.
 
     minivllm serve MODEL [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [engine flags]
+    minivllm serve MODEL --enable-lora --lora-modules NAME=PATH ... [--enable-lora-runtime-updates]
     minivllm generate MODEL --prompt "def f(" --max-tokens 32 --temperature 0
     minivllm bench {throughput,latency,serve} ...
     minivllm --version
@@ -28,6 +29,17 @@ def check_model(args: argparse.Namespace) -> str:
     return args.model
 
 
+def check_lora_flags(config, kwargs: dict, on_ray: bool) -> None:
+    """ValueError naming the flag when the server's LoRA flags cannot work with the engine's."""
+    for name, given in (("lora_modules", bool(config.lora_modules)),
+                        ("enable_lora_runtime_updates", config.enable_lora_runtime_updates)):
+        if given and not kwargs.get("enable_lora"):
+            raise ValueError(f"{name} needs enable_lora (--enable-lora)")
+        if given and on_ray:
+            raise ValueError(f"{name}: LoRA adapters are served by one engine only for now, not with "
+                             f"--data-parallel-size or autoscaling")
+
+
 def _serve(args: argparse.Namespace) -> int:
     """One engine behind the OpenAI server, or (``--data-parallel-size N`` > 1, or autoscaling) engine replicas
     behind it on Ray Serve."""
@@ -41,7 +53,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = ServerConfig.from_args(args)
         kwargs = with_reasoning_markers(engine_kwargs(args), config.reasoning_parser)
-        if (args.data_parallel_size or 1) > 1 or config.autoscale_max_replicas is not None:
+        ray = (args.data_parallel_size or 1) > 1 or config.autoscale_max_replicas is not None
+        check_lora_flags(config, kwargs, ray)
+        if ray:
             on_ray = True
             from minivllm.scale_out.serve.app import run_ray_server
 

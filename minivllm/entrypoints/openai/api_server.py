@@ -2,14 +2,16 @@
 uvicorn. ``run_server`` serves one engine (``AsyncLLM``); the Ray Serve front (``scale_out/serve``) builds the
 same app on its client of the engine replicas.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (the served model and its
+LoRA adapters; a request's ``model`` picks one), ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
+(with ``--enable-lora-runtime-updates``),
 ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``,
 ``GET /tokenizer_info`` (with ``--enable-tokenizer-info-endpoint``); vLLM's ``POST /v1/chat/completions/batch``,
 ``POST /v1/decisions``, ``GET /load``, and SageMaker's
-``POST /invocations`` and ``GET|POST /ping``. Every error is
-answered in OpenAI's ``{"error": {...}}`` shape: 400 for bad input (pydantic's included), 401 without a
-valid API key, 413 for a body over the cap, 429 when too many sequences wait, 503 while the engine
-loads or after it failed (the server then exits non-zero, for a supervisor to restart it).
+``POST /invocations`` and ``GET|POST /ping``. Every error is answered in OpenAI's ``{"error": {...}}`` shape:
+400 for bad input (pydantic's included), 401 without a valid API key, 404 for a model or adapter not served, 413
+for a body over the cap, 429 when too many sequences wait, 503 while the engine loads or after it failed (the
+server then exits non-zero, for a supervisor to restart it).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from minivllm.entrypoints.openai.serving import OpenAIServing
 from minivllm.entrypoints.openai.serving_base import ChatParsers, UsageOptions
 from minivllm.entrypoints.openai.serving_batch import BatchChatServing
 from minivllm.entrypoints.openai.serving_decisions import DecisionServing
+from minivllm.entrypoints.openai.serving_models import ServedModels
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info_of
 
 logger = logging.getLogger("minivllm.server")
@@ -67,12 +70,15 @@ def _validation_error(exc: RequestValidationError):
 
 def build_app(async_llm: EngineClient, served_model_name: str, config: ServerConfig | None = None,
               metrics: Callable[[], Awaitable[bytes]] | None = None,
-              load_report: Callable[[], Awaitable[dict[str, float]]] | None = None) -> FastAPI:
+              load_report: Callable[[], Awaitable[dict[str, float]]] | None = None,
+              lora_enabled: bool = False) -> FastAPI:
     """The FastAPI app (``RequestGuard`` in front of its routes); its lifespan starts the engine and shuts it
-    down. ``metrics`` renders ``/metrics`` and ``load_report`` gives the ORCA load report (default: this engine's).
-    ``app.state.loop`` is the event loop the app runs on (set by the lifespan), for a signal handler to begin the
-    engine's shutdown there."""
+    down. ``metrics`` renders ``/metrics`` and ``load_report`` gives the ORCA load report (default: this engine's);
+    ``lora_enabled``: the engine serves LoRA adapters (``--enable-lora``). ``app.state.loop`` is the event loop the
+    app runs on (set by the lifespan), for a signal handler to begin the engine's shutdown there;
+    ``app.state.startup_error`` why the server could not start serving (an adapter of ``--lora-modules``)."""
     config = config or ServerConfig()
+    models = ServedModels(async_llm, served_model_name, config.lora_modules, lora_enabled)
     stats = PrometheusStatLogger(served_model_name)
     async_llm.add_stat_logger(stats)
     limits = RequestLimits(config.max_n, config.max_stop_strings, config.max_stop_string_chars,
@@ -81,7 +87,8 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     serving = OpenAIServing(async_llm, served_model_name, limits, ChatParsers(
         config.tool_call_parser if config.enable_auto_tool_choice else None, config.reasoning_parser, harmony),
         UsageOptions(config.enable_force_include_usage, config.enable_prompt_tokens_details),
-        tokens_as_ids=config.return_tokens_as_token_ids, per_request_metrics=config.enable_per_request_metrics)
+        tokens_as_ids=config.return_tokens_as_token_ids, per_request_metrics=config.enable_per_request_metrics,
+        models=models)
     batch = BatchChatServing(serving)
     decisions = DecisionServing(serving)
     in_flight = LoadCounter()
@@ -91,14 +98,14 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
     async def lifespan(app: FastAPI):
         app.state.loop = asyncio.get_running_loop()
         async_llm.start()
-        watcher = asyncio.create_task(_watch_engine(app, async_llm))
+        watcher = asyncio.create_task(_watch_engine(app, async_llm, models))
         yield
         watcher.cancel()
         await async_llm.shutdown()
 
     app = FastAPI(title="minivllm", version=__version__, lifespan=lifespan, root_path=config.root_path or "")
     app.state.async_llm, app.state.stats, app.state.served_model_name = async_llm, stats, served_model_name
-    app.state.on_engine_failure, app.state.loop = None, None
+    app.state.on_engine_failure, app.state.loop, app.state.startup_error = None, None, None
 
     async def on_validation_error(request: Request, exc: RequestValidationError):
         return _validation_error(exc)
@@ -133,16 +140,32 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
         return await serving.chat(await parse_body(raw, P.ChatCompletionRequest), raw)
 
     @app.get("/v1/models")
-    async def models():
-        card = {"id": served_model_name, "object": "model", "created": created, "owned_by": "minivllm"}
-        if async_llm.is_ready:
-            card["max_model_len"] = async_llm.model_info().max_model_len
-        return {"object": "list", "data": [card]}
+    async def list_models():
+        max_model_len = async_llm.model_info().max_model_len if async_llm.is_ready else None
+        return {"object": "list", "data": models.cards(created, max_model_len)}
+
+    if config.enable_lora_runtime_updates:
+        @app.post("/v1/load_lora_adapter", openapi_extra=body_schema(P.LoadLoRAAdapterRequest))
+        async def load_lora_adapter(raw: Request):
+            body = await parse_body(raw, P.LoadLoRAAdapterRequest)
+            async_llm.check_usable()
+            await models.load(body.lora_name, body.lora_path)
+            return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
+
+        @app.post("/v1/unload_lora_adapter", openapi_extra=body_schema(P.UnloadLoRAAdapterRequest))
+        async def unload_lora_adapter(raw: Request):
+            body = await parse_body(raw, P.UnloadLoRAAdapterRequest)
+            async_llm.check_usable()
+            await models.unload(body.lora_name)
+            return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.",
+                            media_type="text/plain")
 
     @app.get("/health")
     async def health():
-        if async_llm.is_ready:
+        if async_llm.is_ready and models.ready:
             return Response(status_code=200)
+        if async_llm.is_ready:
+            return error_json(EngineNotReadyError("the LoRA adapters of --lora-modules are still loading"))
         return error_json(async_llm.error and EngineDeadError(f"the engine failed: {async_llm.error!r}")
                           or _not_ready(async_llm))
 
@@ -227,7 +250,8 @@ def build_app(async_llm: EngineClient, served_model_name: str, config: ServerCon
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             app.openapi_schema = add_schemas(doc, [P.CompletionRequest, P.ChatCompletionRequest,
                                                    P.TokenizeRequest, P.DetokenizeRequest,
-                                                   P.BatchChatCompletionRequest, D.DecisionRequest])
+                                                   P.BatchChatCompletionRequest, D.DecisionRequest,
+                                                   P.LoadLoRAAdapterRequest, P.UnloadLoRAAdapterRequest])
         return app.openapi_schema
 
     app.openapi = openapi
@@ -259,15 +283,20 @@ def _not_ready(async_llm: EngineClient) -> Exception:
     return RuntimeError("not ready")  # pragma: no cover
 
 
-async def _watch_engine(app: FastAPI, async_llm: EngineClient) -> None:
-    """Log when the engine is ready; when building or running it fails, ask the server to exit."""
+async def _watch_engine(app: FastAPI, async_llm: EngineClient, models: ServedModels) -> None:
+    """Log when the engine is ready and load the ``--lora-modules`` adapters into it; when building or running it
+    fails, or an adapter cannot be loaded, ask the server to exit."""
     try:
         await async_llm.wait_ready()
+        await models.load_static()
         logger.info("engine ready: serving %s", app.state.served_model_name)
         error = await async_llm.wait_dead()
         logger.error("the engine failed: %r; the server exits", error)
     except EngineDeadError as exc:
         logger.error("%s", exc)
+    except ValueError as exc:  # an adapter of --lora-modules: one line that names it, no traceback
+        app.state.startup_error = exc
+        logger.error("%s; the server exits", exc)
     if app.state.on_engine_failure is not None:
         app.state.on_engine_failure()
 
@@ -279,7 +308,7 @@ def run_server(model: str, engine_kwargs: dict, config: ServerConfig) -> int:
 
     name = config.served_model_name or model
     async_llm = AsyncLLM.from_model(model, max_num_waiting=config.max_num_waiting, **engine_kwargs)
-    app = build_app(async_llm, name, config)
+    app = build_app(async_llm, name, config, lora_enabled=bool(engine_kwargs.get("enable_lora")))
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # stop accepting, and end the streams in flight now
@@ -299,6 +328,6 @@ def run_server(model: str, engine_kwargs: dict, config: ServerConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     asyncio.run(server.serve())
-    if async_llm.error is not None:
+    if async_llm.error is not None or app.state.startup_error is not None:
         return 1
     return 0

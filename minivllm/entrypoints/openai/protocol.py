@@ -291,3 +291,17 @@ class DetokenizeRequest(BaseModel):
 
     model: str | None = None
     tokens: list[int]
+
+
+class LoadLoRAAdapterRequest(BaseModel):
+    """``POST /v1/load_lora_adapter`` (vLLM's shape): serve the PEFT folder ``lora_path`` as model ``lora_name``."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    """``POST /v1/unload_lora_adapter`` (vLLM's shape): stop serving the adapter ``lora_name``."""
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None  # vLLM's field, accepted and unused: the name says which adapter

@@ -17,6 +17,8 @@ from minivllm.entrypoints.openai.beam_search import beam_search_params
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.inputs import RequestLimits, Tokenization
 from minivllm.entrypoints.openai.request_metrics import request_metrics
+from minivllm.entrypoints.openai.serving_models import ServedModels
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import truncate_prompt
 from minivllm.structured_outputs_params import StructuredOutputsParams
@@ -89,10 +91,12 @@ class ServingBase:
 
     def __init__(self, llm: EngineClient, model_name: str, limits: RequestLimits = RequestLimits(),
                  parsers: ChatParsers = ChatParsers(), usage_options: UsageOptions = UsageOptions(),
-                 tokens_as_ids: bool = False, per_request_metrics: bool = False):
+                 tokens_as_ids: bool = False, per_request_metrics: bool = False, models: ServedModels | None = None):
         """``tokens_as_ids``: the server's default of ``return_tokens_as_token_ids``; ``per_request_metrics``: add
-        each request's timings to its response (``--enable-per-request-metrics``)."""
+        each request's timings to its response (``--enable-per-request-metrics``); ``models``: the names served
+        (default: ``model_name`` alone, no adapter)."""
         self.llm, self.model_name, self.limits, self.parsers = llm, model_name, limits, parsers
+        self.models = models or ServedModels(llm, model_name)
         self.usage_options = usage_options
         self.tokens_as_ids = tokens_as_ids
         self.per_request_metrics = per_request_metrics
@@ -114,10 +118,13 @@ class ServingBase:
             return None
         return request_metrics(finals[0], num_generated)
 
-    def check_model(self, model: str | None) -> None:
-        """404 unless ``model`` is the served name (or omitted)."""
-        if model is not None and model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter that ``model`` names (None: the base model, or omitted); a 404 for a name not served."""
+        return self.models.lora_request_of(model)
+
+    def response_model(self, req) -> str:
+        """The ``model`` a response names: the request's (the base model or an adapter, checked), else the base."""
+        return req.model or self.model_name
 
     def as_ids(self, req: P.SamplingRequest) -> bool:
         """Whether ``req``'s logprobs name tokens ``"token_id:N"``: its ``return_tokens_as_token_ids``, else the
@@ -153,12 +160,14 @@ class ServingBase:
         except ValueError as exc:
             raise APIError(400, str(exc).replace("structured_outputs", field, 1), param=field) from None
 
-    async def start(self, prompts: list, params, base_id: str) -> list[OutputStream]:
-        """One engine request per prompt (``{base_id}-{i}``); all aborted if one cannot start."""
+    async def start(self, prompts: list, params, base_id: str,
+                    lora_request: LoRARequest | None = None) -> list[OutputStream]:
+        """One engine request per prompt (``{base_id}-{i}``), with the adapter ``lora_request`` (None: the base
+        model); all aborted if one cannot start."""
         streams: list[OutputStream] = []
         try:
             for i, prompt in enumerate(prompts):
-                streams.append(await self.llm.add_request(prompt, params, f"{base_id}-{i}"))
+                streams.append(await self.llm.add_request(prompt, params, f"{base_id}-{i}", lora_request=lora_request))
         except BaseException:
             for s in streams:
                 s.abort()
@@ -166,7 +175,7 @@ class ServingBase:
         return streams
 
     def start_beams(self, prompts: list[list[int]], req: P.SamplingRequest, max_tokens: int | None, base_id: str,
-                    prompt_logprobs: int | None = None) -> list[OutputStream]:
+                    prompt_logprobs: int | None = None, lora_request: LoRARequest | None = None) -> list[OutputStream]:
         """One beam search per prompt (``{base_id}-{i}``, ``use_beam_search``), each an output stream whose one
         output has the ``n`` best beams as its completions; ``max_tokens`` None: up to ``max_model_len``. A 400 for
         a prompt that cannot take ``max_tokens`` more tokens, and for parameters out of range. The searches start
@@ -183,7 +192,7 @@ class ServingBase:
             streams.append(BeamSearchStream(
                 self.llm, ids, beam_search_params(req, steps, info.max_logprobs), f"{base_id}-{i}", num_outputs=req.n,
                 eos_token_ids=info.eos_token_ids, max_model_len=info.max_model_len, decode=decode, seed=req.seed,
-                prompt_logprobs=prompt_logprobs))
+                prompt_logprobs=prompt_logprobs, lora_request=lora_request))
         return streams
 
     def prompt_logprobs(self, out: RequestOutput) -> R.PromptLogprobs | None:

@@ -63,5 +63,5 @@ class BatchChatServing:
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         if any(a.usage.prompt_tokens_details is not None for a in answers):  # --enable-prompt-tokens-details
             usage.prompt_tokens_details = R.PromptTokensDetails(cached_tokens=cached)
-        return json_response(R.ChatCompletionResponse(id=f"chatcmpl-{uuid.uuid4().hex}", model=self.serving.model_name,
+        return json_response(R.ChatCompletionResponse(id=f"chatcmpl-{uuid.uuid4().hex}", model=self.serving.response_model(req),
                                                       choices=choices, usage=usage))

@@ -26,7 +26,7 @@ class ChatServing(ServingBase):
     ``chat_template_kwargs``, ``prompt_logprobs``, ``return_token_ids``, ``return_tokens_as_token_ids``)."""
 
     async def chat(self, req: P.ChatCompletionRequest, raw: Request):
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         self.check_request(req)
         self.llm.check_usable()
         k = (req.top_logprobs or 0) if req.logprobs else None
@@ -73,10 +73,10 @@ class ChatServing(ServingBase):
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if req.use_beam_search:  # a streamed response sends each choice whole, once the search ends (as vLLM)
             streams = self.start_beams([ids], req, max_tokens, rid,
-                                       req.prompt_logprobs if req.prompt_logprobs is not None else prompt_k)
+                                       req.prompt_logprobs if req.prompt_logprobs is not None else prompt_k, lora)
         else:
             try:
-                streams = await self.start([ids], params, rid)
+                streams = await self.start([ids], params, rid, lora)
             except ParameterError as exc:
                 if exc.parameter == "logprobs":  # the engine's name of what chat calls top_logprobs
                     exc.parameter = "top_logprobs"
@@ -99,7 +99,7 @@ class ChatServing(ServingBase):
         usage = final_usage([out], self.usage_options)
         self._count_reasoning(usage, reader, [c.token_ids for c in out.outputs])
         return json_response(R.ChatCompletionResponse(
-            id=rid, model=self.model_name, choices=choices, usage=usage,
+            id=rid, model=self.response_model(req), choices=choices, usage=usage,
             prompt_logprobs=self.prompt_logprobs(out) if params.prompt_logprobs is not None else None,
             prompt_token_ids=list(out.prompt_token_ids) if with_ids else None,
             metrics=self.metrics_of([out], req.n, usage.completion_tokens)))
@@ -119,7 +119,7 @@ class ChatServing(ServingBase):
         usage = new_usage(len(ids), self.usage_options)
 
         def chunk(choice, **extra):
-            return sse(R.ChatCompletionChunk(id=rid, model=self.model_name, choices=[choice],
+            return sse(R.ChatCompletionChunk(id=rid, model=self.response_model(req), choices=[choice],
                                              usage=usage.model_copy(deep=True) if req.continuous_usage else None,
                                              **extra), req.include_usage)
 
@@ -154,7 +154,7 @@ class ChatServing(ServingBase):
                     token_ids=ids_now))
         if req.include_usage:
             self._count_reasoning(usage, reader, list(generated.values()))
-            yield sse(R.ChatCompletionChunk(id=rid, model=self.model_name, choices=[], usage=usage,
+            yield sse(R.ChatCompletionChunk(id=rid, model=self.response_model(req), choices=[], usage=usage,
                                             metrics=self.metrics_of([latest], req.n, usage.completion_tokens)))
         yield "data: [DONE]\n\n"
 

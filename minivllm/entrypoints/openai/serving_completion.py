@@ -22,7 +22,7 @@ class CompletionServing(ServingBase):
     logprobs too, ``prompt_logprobs``, ``return_token_ids``, ``return_tokens_as_token_ids``)."""
 
     async def completions(self, req: P.CompletionRequest, raw: Request):
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         self.check_request(req)
         self.llm.check_usable()
         if not req.prompt:  # vLLM's words, which clients match on
@@ -47,9 +47,9 @@ class CompletionServing(ServingBase):
         rid = f"cmpl-{uuid.uuid4().hex}"
         echo = [await self._echo(req, p, q) for p, q in zip(prompts, ids)]
         if req.use_beam_search:  # one search per prompt, started as the response reads it
-            streams = self.start_beams(ids, req, req.max_tokens, rid, prompt_k)
+            streams = self.start_beams(ids, req, req.max_tokens, rid, prompt_k, lora)
         else:
-            streams = await self.start(ids, params, rid)
+            streams = await self.start(ids, params, rid, lora)
         if req.stream:
             return StreamingResponse(guarded(self._completion_stream(req, rid, streams, ids, echo)),
                                      media_type="text/event-stream")
@@ -67,7 +67,7 @@ class CompletionServing(ServingBase):
                     prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
                     token_ids=list(c.token_ids) if req.return_token_ids else None))
         usage = final_usage(finals, self.usage_options)
-        return json_response(R.CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=usage,
+        return json_response(R.CompletionResponse(id=rid, model=self.response_model(req), choices=choices, usage=usage,
                                                   metrics=self.metrics_of(finals, req.n, usage.completion_tokens)))
 
     async def _echo(self, req: P.CompletionRequest, prompt: str | list[int], ids: list[int]) -> str:
@@ -92,7 +92,7 @@ class CompletionServing(ServingBase):
         usage = new_usage(sum(len(p) for p in ids), self.usage_options)
 
         def chunk(choice):
-            return sse(R.CompletionResponse(id=rid, model=self.model_name, choices=[choice],
+            return sse(R.CompletionResponse(id=rid, model=self.response_model(req), choices=[choice],
                                             usage=usage.model_copy(deep=True) if req.continuous_usage else None),
                        req.include_usage)
 
@@ -119,6 +119,6 @@ class CompletionServing(ServingBase):
                     index=idx, text=text, logprobs=lp, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                     token_ids=list(c.delta_token_ids) if req.return_token_ids else None, **extra))
         if req.include_usage:
-            yield sse(R.CompletionResponse(id=rid, model=self.model_name, choices=[], usage=usage,
+            yield sse(R.CompletionResponse(id=rid, model=self.response_model(req), choices=[], usage=usage,
                                            metrics=self.metrics_of([out] * len(ids), n, usage.completion_tokens)))
         yield "data: [DONE]\n\n"

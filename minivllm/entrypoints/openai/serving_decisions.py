@@ -43,7 +43,7 @@ class DecisionServing:
     async def decide(self, req: D.DecisionRequest, raw: Request) -> dict:
         """The answers to ``req``'s questions, in order, with the tokens read (one generated token a question)."""
         serving = self.serving
-        serving.check_model(req.model)
+        lora = serving.check_model(req.model)
         serving.llm.check_usable()
         if req.joint:
             raise APIError(400, "joint: this model reads each question on its own; joint reads need a diffusion "
@@ -67,7 +67,7 @@ class DecisionServing:
         try:
             for i, (ids, opts) in enumerate(zip(prompts, options)):
                 params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=label_ids[:len(opts)])
-                streams += await serving.start([ids], params, f"{rid}-{i}")
+                streams += await serving.start([ids], params, f"{rid}-{i}", lora)
         except BaseException:
             for s in streams:
                 s.abort()
@@ -79,7 +79,7 @@ class DecisionServing:
                    for q, opts, out in zip(req.questions, options, finals)]
         input_tokens = sum(len(out.prompt_token_ids) for out in finals)
         output_tokens = sum(len(out.outputs[0].token_ids) for out in finals)
-        return {"model": serving.model_name, "answers": answers, "usage": {
+        return {"model": serving.response_model(req), "answers": answers, "usage": {
             "input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens,
             "input_tokens_details": {"cached_tokens": sum(out.num_cached_tokens for out in finals),
                                      "cache_write_tokens": 0},

@@ -17,6 +17,7 @@ import asyncio
 import uuid
 
 from minivllm.engine.protocol import EngineDeadError, EngineNotReadyError, ModelInfo, StatLogger
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 from minivllm.scale_out.serve.outbox import RequestFailed
 from minivllm.scale_out.serve.replica import Channel, ReplicaRequest
@@ -119,9 +120,12 @@ class ReplicaEngineClient:
             raise EngineNotReadyError("the engine replicas are still loading")
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams,
-                          request_id: str | None = None) -> ReplicaStream:
-        """Send a request to a replica; returns its stream once the replica accepted it."""
+                          request_id: str | None = None, lora_request: LoRARequest | None = None) -> ReplicaStream:
+        """Send a request to a replica; returns its stream once the replica accepted it. ``lora_request`` must be
+        None: the replicas serve the base model only (ValueError otherwise)."""
         self.check_usable()
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not served through Ray Serve replicas yet")
         if isinstance(prompt, str) and self._tokenizer is not None:  # token ids, for prefix affinity
             prompt = await asyncio.to_thread(self._tokenizer.encode, prompt)
         request_id = request_id or uuid.uuid4().hex
