@@ -40,6 +40,7 @@ class LinearBase(nn.Module):
         self.weight.weight_loader = self.weight_loader
         self.quant_method = None  # set once, before loading, by ``quantization.apply_quantization``
         self.quantizable = True
+        self.lora = None  # its LoRA slots (``minivllm.lora.layers.LoRALinear``) when the engine serves adapters
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
@@ -60,10 +61,14 @@ class LinearBase(nn.Module):
         return self.quant_method.input_quant(self, x.shape[0], x.device)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W^T + b`` on this rank's weight (FP8 through its quantization method)."""
+        """``x @ W^T + b`` on this rank's weight (FP8 through its quantization method), plus each token's LoRA
+        delta when the layer has LoRA slots (before any all-reduce: a row-parallel delta is a partial sum too)."""
         if self.quant_method is not None:
             return self.quant_method.apply(self, x, self.bias)
-        return linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias)
+        if self.lora is not None:
+            self.lora.apply(x, y)
+        return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x)

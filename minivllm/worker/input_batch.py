@@ -40,6 +40,8 @@ class StepInputs:
     # each KV cache group's past the first (a hybrid model), in group order: its slot mapping and block tables
     group_slot_mappings: tuple[np.ndarray, ...] = ()  # each [num_tokens] int64
     group_block_tables: tuple[np.ndarray, ...] = ()  # each [num_rows, max_blocks] int32, -1 padded
+    # each token's LoRA slot (-1: the base model); None when no row of the step has an adapter
+    lora_slots: np.ndarray | None = None  # [num_tokens] int64
 
     @property
     def num_rows(self) -> int:
@@ -65,6 +67,8 @@ class InputBatch:
         self.slots: dict[int, int] = {}  # seq id -> slot
         self.params: dict[int, SamplingParams] = {}  # seq id -> its sampling parameters
         self.bad_words: dict[int, tuple[tuple[int, ...], ...]] = {}  # seq id -> its bad words' token ids
+        self.lora_slot = np.full(max_num_seqs, -1, dtype=np.int64)  # [slots]: each sequence's LoRA slot
+        self.num_lora_seqs = 0  # sequences with an adapter (0: a step builds no LoRA mapping)
         self._free = list(range(max_num_seqs - 1, -1, -1))
 
     def update(self, out: SchedulerOutput) -> None:
@@ -76,6 +80,9 @@ class InputBatch:
             for table in (self.block_table, *self.group_block_tables):
                 table[slot, :self.num_blocks[slot]] = -1
             self.num_blocks[slot] = 0
+            if self.lora_slot[slot] >= 0:
+                self.lora_slot[slot] = -1
+                self.num_lora_seqs -= 1
             self._free.append(slot)
             self.params.pop(seq_id, None)
             self.bad_words.pop(seq_id, None)
@@ -87,6 +94,9 @@ class InputBatch:
             slot = self.slots[req.seq_id] = self._free.pop()
             self._append_blocks(slot, req.block_ids, req.group_block_ids)
             self.params[req.seq_id] = req.params
+            if req.lora_slot >= 0:
+                self.lora_slot[slot] = req.lora_slot
+                self.num_lora_seqs += 1
             if req.bad_words_token_ids:
                 self.bad_words[req.seq_id] = req.bad_words_token_ids
         for row in out.rows:
@@ -136,6 +146,11 @@ class InputBatch:
         group_slots = tuple(t[token_slots, block_index].astype(np.int64) * bs + offset
                             for t in self.group_block_tables)
         group_tables = tuple(t[slots, :width] for t in self.group_block_tables)
+        lora_slots = None
+        if self.num_lora_seqs:
+            row_lora = self.lora_slot[slots]  # [rows]
+            if (row_lora >= 0).any():
+                lora_slots = row_lora if total == num_rows else np.repeat(row_lora, q_lens)  # [tokens]
         sample_indices = np.fromiter((cu[i + 1] - 1 for i, r in enumerate(rows) if r.sampled), dtype=np.int64)
         ph = [(cu[i], r.prev_sampled_row) for i, r in enumerate(rows) if r.prev_sampled_row >= 0]
         prompt_index: list[int] = []
@@ -159,6 +174,7 @@ class InputBatch:
             prompt_logprob_index=np.asarray(prompt_index, dtype=np.int64) if prompt_index else None,
             group_slot_mappings=group_slots,
             group_block_tables=group_tables,
+            lora_slots=lora_slots,
         )
 
     def check_integrity(self) -> None:
@@ -167,6 +183,8 @@ class InputBatch:
         assert len(set(held)) == len(held) and not set(held) & set(self._free), "a slot is held twice or also free"
         assert len(held) + len(self._free) == self.block_table.shape[0], "a slot is lost"
         assert self.params.keys() == self.slots.keys() and self.bad_words.keys() <= self.slots.keys()
+        assert (self.lora_slot[self._free] == -1).all(), "a free slot keeps a LoRA slot"
+        assert int((self.lora_slot >= 0).sum()) == self.num_lora_seqs, "the LoRA sequence count is off"
         for table in (self.block_table, *self.group_block_tables):
             for slot in range(table.shape[0]):
                 n = int(self.num_blocks[slot])

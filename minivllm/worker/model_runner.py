@@ -92,6 +92,12 @@ class ModelRunner:
                 torch.set_default_dtype(prev)
         self.model.eval()
         load_model_weights(self.model, mc)
+        self.lora = None  # the LoRA slots and host cache (enable_lora)
+        if config.lora_config.enable_lora:
+            from minivllm.lora.manager import LoRAModelManager
+
+            self.lora = LoRAModelManager(self.model, config, self.device, self.dtype,
+                                         max(sc.max_num_batched_tokens, sc.max_num_seqs))
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         # the KV cache groups (one per attention type; see minivllm.core.kv_cache_spec): each its own cache
         self.kv_cache_specs = kv_cache_groups([a.sliding_window for a in self.attn_layers],
@@ -118,13 +124,24 @@ class ModelRunner:
         #: each KV cache group's ``(sliding_window, num_blocks)``, in group order (the engine's block managers')
         self.kv_cache_groups = self._init_kv_cache()
         self.num_kvcache_blocks = sum(n for _, n in self.kv_cache_groups)
-        if self.device.type == "cuda" and not dc.enforce_eager:
+        if self.device.type == "cuda" and not dc.enforce_eager and self._lora_graph_safe():
             from minivllm.worker.cuda_graphs import DecodeGraphRunner
 
+            if self.lora is not None:  # the graphs read the per-token slots from the static buffer
+                self.lora.set_token_slots(None, 0, graph=True)
             self.graph_runner = DecodeGraphRunner(self.model, self.device, self.dtype, mc.arch.hidden_size,
                                                   sc.max_num_seqs, mc.max_model_len, self.block_size,
                                                   len(self.kv_cache_specs))
         self._warm_up_sampling()
+
+    def _lora_graph_safe(self) -> bool:
+        """Whether CUDA graphs can capture the LoRA ops (no adapters, or the Triton kernels: the torch reference
+        reads its slots on the host)."""
+        if self.lora is None:
+            return True
+        from minivllm.lora.ops import uses_triton
+
+        return uses_triton(self.device)
 
     # ------------------------------------------------------------------ KV cache
     def _init_kv_cache(self) -> list[tuple[int | None, int]]:
@@ -268,6 +285,8 @@ class ModelRunner:
     def _prepare(self, out: SchedulerOutput) -> tuple[StepInputs, np.ndarray | None]:
         """Apply the step's news to the batch (and to the penalty statistics on rank 0); the step's inputs, and
         its rows' temperatures when every rank samples its own vocabulary slice."""
+        if out.lora_loads:
+            self.lora.load_slots(out.lora_loads)
         self.batch.update(out)
         if self.penalties is not None:
             for seq_id in out.finished_seq_ids:
@@ -322,7 +341,10 @@ class ModelRunner:
         ``gather=False`` every rank keeps its ``[rows, vocab / N]`` slice), and the log-softmax slices of the
         positions that give prompt logprobs (rank 0; see ``minivllm.sample.prompt_logprobs``)."""
         prev = self._prev_tokens(inp)
-        if self.graph_runner is not None and self.graph_runner.can_run(inp):
+        graph = self.graph_runner is not None and self.graph_runner.can_run(inp)
+        if self.lora is not None:
+            self.lora.set_token_slots(inp.lora_slots, len(inp.input_ids), graph)
+        if graph:
             hidden = self.graph_runner.run(inp, prev)
         else:
             meta = self.attention_metadata(inp)
