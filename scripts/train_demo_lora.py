@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="models/minivllm-demo-py-lora-google-docstrings")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=int, default=16)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=120)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-len", type=int, default=192, help="training examples are cut to this many tokens")
     p.add_argument("--lr", type=float, default=1e-3)
