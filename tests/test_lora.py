@@ -4,10 +4,13 @@ families, at TP=2; prefix caching keyed on the adapter; add/remove/list."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
 from minivllm import LLM, LoRARequest, SamplingParams
+from minivllm.engine.async_engine import AsyncLLM
 from tests.helpers.lora_adapters import (
     ALL_SEVEN,
     ATTENTION,
@@ -104,6 +107,20 @@ def test_more_adapters_than_slots_and_host_cache_finish_correctly(tiny_tied_mode
         assert o["token_ids"] == peft_greedy(tiny_tied_model, loras[i].lora_path, ids[i % 3], 32)[:8]
 
 
+def test_chunked_prefill_and_preemption_keep_each_rows_adapter(tiny_tied_model, qwen3_loras):
+    """A 16-token budget (prompts in chunks, prefill and decode rows of several adapters in one step) and a KV
+    cache of a few blocks (preemptions, recompute): still every adapter's own tokens."""
+    choices = [None, *qwen3_loras]
+    with LLM(tiny_tied_model, **KW, max_loras=2, max_num_batched_tokens=16, num_kvcache_blocks=12,
+             max_model_len=128) as llm:
+        ids = prompt_ids(llm)
+        batch = [(p, choices[i % 4]) for i, p in enumerate(ids)]
+        outs = llm.generate([p for p, _ in batch], GREEDY, use_tqdm=False, lora_request=[lr for _, lr in batch])
+        assert llm.engine.scheduler.num_preemptions > 0
+    for (p, lr), o in zip(batch, outs):
+        assert o["token_ids"] == peft_greedy(tiny_tied_model, lr.lora_path if lr else None, p, 32)
+
+
 def test_prefix_cache_is_keyed_on_the_adapter(tiny_tied_model, qwen3_loras):
     """The same prompt under two adapters shares no KV block; under the same adapter it hits."""
     a, b = qwen3_loras[:2]
@@ -147,6 +164,35 @@ def test_add_remove_list_loras(tiny_tied_model, qwen3_loras):
         ids = prompt_ids(llm)[:2]
         outs = llm.generate(ids, GREEDY, use_tqdm=False, lora_request=LoRARequest("other", 1, b.lora_path))
         assert [o["token_ids"] for o in outs] == [peft_greedy(tiny_tied_model, b.lora_path, p, 32) for p in ids]
+
+
+def test_async_engine_passes_lora_request_through(tiny_tied_model, qwen3_loras):
+    """AsyncLLM (the server's EngineClient): a request's adapter, add/remove/list, and a bad adapter's
+    ValueError reaching the caller."""
+    a, b, _ = qwen3_loras
+    prompt = [5, 6, 7, 8]
+
+    async def main():
+        llm = AsyncLLM.from_model(tiny_tied_model, **KW, max_loras=2)
+        llm.start()
+        await llm.wait_ready()
+        try:
+            assert await llm.add_lora(a) and await llm.list_loras() == {1}
+            streams = [await llm.add_request(prompt, GREEDY, lora_request=lr) for lr in (a, b, None)]
+            outs = []
+            for rs in streams:
+                async for out in rs:
+                    last = out
+                outs.append(last.outputs[0].token_ids)
+            with pytest.raises(ValueError, match="lora_path is not a folder"):
+                await llm.add_request(prompt, GREEDY, lora_request=LoRARequest("bad", 9, "/nowhere"))
+            assert await llm.remove_lora(2) and await llm.list_loras() == {1}
+            return outs
+        finally:
+            await llm.shutdown()
+
+    outs = asyncio.run(main())
+    assert outs == [peft_greedy(tiny_tied_model, lr.lora_path if lr else None, prompt, 32) for lr in (a, b, None)]
 
 
 @pytest.mark.slow
