@@ -19,18 +19,10 @@ from tests.helpers.lora_adapters import (
     build_lora_adapter,
     peft_greedy,
 )
+from tests.test_engine_correctness import PROMPTS as CODE_PROMPTS
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-PROMPTS = [
-    "def fibonacci(n):",
-    "import os",
-    "class Stack:\n    def __init__(self):\n        self.items = []",
-    "for i in range(10):\n    print(i)",
-    "The quick brown fox jumps over the lazy dog. " * 2,
-    "return",
-    "a = [1, 2, 3]\nb = {k: v for k, v in zip(a, a)}",
-    "while True:\n    pass",
-]
+PROMPTS = CODE_PROMPTS[:8]  # of different lengths, 1 to 30 tokens
 #: (targets, r, alpha, rsLoRA) of the three adapters every base model gets
 ADAPTERS = [(ALL_SEVEN, 8, 16, False), (ATTENTION, 4, 8, True), (MLP, 16, 32, False)]
 KW = dict(device="cpu", dtype="float32", enable_lora=True, max_lora_rank=16)
@@ -112,7 +104,7 @@ def test_chunked_prefill_and_preemption_keep_each_rows_adapter(tiny_tied_model, 
     cache of a few blocks (preemptions, recompute): still every adapter's own tokens."""
     choices = [None, *qwen3_loras]
     with LLM(tiny_tied_model, **KW, max_loras=2, max_num_batched_tokens=16, num_kvcache_blocks=12,
-             max_model_len=128) as llm:
+             max_model_len=192) as llm:
         ids = prompt_ids(llm)
         batch = [(p, choices[i % 4]) for i, p in enumerate(ids)]
         outs = llm.generate([p for p, _ in batch], GREEDY, use_tqdm=False, lora_request=[lr for _, lr in batch])
