@@ -53,7 +53,7 @@ class FakeEngine:
             max_model_len=64, max_logprobs=20, skip_tokenizer_init=False, arch=SimpleNamespace(vocab_size=128)))
         self.num_kvcache_blocks, self.eos_token_ids, self.structured = 8, [0], None
 
-    def add_request(self, prompt, params, request_id=None, stream=False, strict_length=False):
+    def add_request(self, prompt, params, request_id=None, stream=False, strict_length=False, lora_request=None):
         self.thread_ids.add(threading.get_ident())
         ids = [ord(c) for c in prompt] if isinstance(prompt, str) else list(prompt)
         if not ids:

@@ -98,16 +98,17 @@ def test_no_environment_reads_per_step(tiny_tied_model, monkeypatch, backend):
 
 
 def test_core_imports_no_torch():
-    """The bookkeeping layer is pure Python: importing it pulls in neither torch nor numpy."""
+    """The bookkeeping layer is pure Python: importing it pulls in neither torch nor numpy. Of the rest of the
+    package it reads only the request's parameters (``SamplingParams``, ``LoRARequest``)."""
     code = ("import sys, minivllm.core.sequence, minivllm.core.block_manager, minivllm.core.scheduler, "
-            "minivllm.core.scheduler_output, minivllm.core.stop; "
+            "minivllm.core.scheduler_output, minivllm.core.stop, minivllm.core.lora_slots; "
             "print(sorted(m for m in ('torch', 'numpy', 'triton') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     for path in (PKG / "core").glob("*.py"):
         heavy = {m for m in _imports(path) if m.split(".")[0] in ("torch", "numpy", "triton")}
         inner = {m for m in _imports(path) if m.startswith("minivllm.") and not m.startswith(
-            ("minivllm.core", "minivllm.sampling_params"))}
+            ("minivllm.core", "minivllm.sampling_params", "minivllm.lora.request"))}
         assert not heavy and not inner, (path.name, heavy, inner)
 
 

@@ -95,15 +95,18 @@ def read_adapter_config(lora: LoRARequest, max_lora_rank: int) -> tuple[int, flo
         raise _fail(lora, f"rank r={r} exceeds max_lora_rank={max_lora_rank} (raise --max-lora-rank)")
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or alpha <= 0:
         raise _fail(lora, f"{CONFIG_FILE}: lora_alpha must be a number > 0, got {alpha!r}")
-    for key, allowed, why in (("use_dora", (False, None), "DoRA"), ("bias", ("none", None), "LoRA biases"),
-                              ("fan_in_fan_out", (False, None), "fan_in_fan_out"),
-                              ("modules_to_save", (None, []), "modules_to_save"),
-                              ("rank_pattern", (None, {}), "per-module ranks (rank_pattern)"),
-                              ("alpha_pattern", (None, {}), "per-module alphas (alpha_pattern)"),
-                              ("layers_to_transform", (None, []), "layers_to_transform"),
-                              ("use_qalora", (False, None), "QALoRA")):
+    for key, allowed, what in (("use_dora", (False, None), "DoRA"), ("bias", ("none", None), "LoRA biases"),
+                               ("fan_in_fan_out", (False, None), "transposed weights"),
+                               ("modules_to_save", (None, []), "fully trained modules"),
+                               ("layers_to_transform", (None, []), "a subset of layers"),
+                               ("use_qalora", (False, None), "QALoRA")):
         if cfg.get(key) not in allowed:
-            raise _fail(lora, f"{CONFIG_FILE}: {why} is not supported ({key}={cfg.get(key)!r})")
+            raise _fail(lora, f"{CONFIG_FILE}: {key}={cfg.get(key)!r} is not supported ({what})")
+    for key, default in (("rank_pattern", r), ("alpha_pattern", alpha)):  # per-module values other than the default
+        pattern = cfg.get(key) or {}
+        if not isinstance(pattern, dict) or any(v != default for v in pattern.values()):
+            raise _fail(lora, f"{CONFIG_FILE}: {key}={pattern!r} is not supported (one rank and alpha for every "
+                              f"module)")
     targets = cfg.get("target_modules")
     if isinstance(targets, str):
         raise _fail(lora, f"{CONFIG_FILE}: target_modules as a pattern ({targets!r}) is not supported: list the "

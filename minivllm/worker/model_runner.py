@@ -95,9 +95,11 @@ class ModelRunner:
         self.lora = None  # the LoRA slots and host cache (enable_lora)
         if config.lora_config.enable_lora:
             from minivllm.lora.manager import LoRAModelManager
+            from minivllm.worker.cuda_graphs import graph_batch_sizes
 
-            self.lora = LoRAModelManager(self.model, config, self.device, self.dtype,
-                                         max(sc.max_num_batched_tokens, sc.max_num_seqs))
+            # a step's tokens, or a padded decode graph's rows
+            max_tokens = max(sc.max_num_batched_tokens, graph_batch_sizes(sc.max_num_seqs)[-1])
+            self.lora = LoRAModelManager(self.model, config, self.device, self.dtype, max_tokens)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         # the KV cache groups (one per attention type; see minivllm.core.kv_cache_spec): each its own cache
         self.kv_cache_specs = kv_cache_groups([a.sliding_window for a in self.attn_layers],
