@@ -210,14 +210,18 @@ def test_moe_attention_adapter_matches_peft(tiny_moe_model, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_tp2_equals_tp1(tiny_tied_model, qwen3_loras):
-    """TP=2 over gloo: column layers keep their rows of B, row layers their columns of A (partial sums)."""
-    tp1 = check_mixed_batch(tiny_tied_model, qwen3_loras, max_loras=2)
-    choices = [None, *qwen3_loras]
+@pytest.mark.parametrize("shape", ["tied", "untied"])
+def test_tp2_equals_tp1(shape, tiny_tied_model, tiny_untied_model, qwen3_loras, tmp_path_factory):
+    """TP=2 over gloo: column layers keep their rows of B, row layers their columns of A (partial sums). The
+    untied model has one KV head, which both ranks hold (its k and v slices of B are replicated too)."""
+    base = tiny_tied_model if shape == "tied" else tiny_untied_model
+    loras = qwen3_loras if shape == "tied" else make_adapters(base, tmp_path_factory, "untied")
+    tp1 = check_mixed_batch(base, loras, max_loras=2)
+    choices = [None, *loras]
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with LLM(tiny_tied_model, **KW, max_loras=2, tensor_parallel_size=2) as llm:
+        with LLM(base, **KW, max_loras=2, tensor_parallel_size=2) as llm:
             ids = prompt_ids(llm)
             outs = llm.generate([p for p in ids for _ in choices], GREEDY, use_tqdm=False,
                                 lora_request=[lr for _ in ids for lr in choices])
