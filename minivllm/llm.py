@@ -52,25 +52,34 @@ class LLM:
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Make a LoRA adapter known to the engine (its folder checked now); see ``LLMEngine.add_lora``."""
-        return self.engine.add_lora(lora_request)
+        return self._lora_engine("add_lora").add_lora(lora_request)
 
     def remove_lora(self, lora_int_id: int) -> bool:
         """Forget a LoRA adapter; False if unknown."""
-        return self.engine.remove_lora(lora_int_id)
+        return self._lora_engine("remove_lora").remove_lora(lora_int_id)
 
     def list_loras(self) -> set[int]:
         """The ids of the adapters the engine knows."""
-        return self.engine.list_loras()
+        return self._lora_engine("list_loras").list_loras()
+
+    def _lora_engine(self, method: str):
+        """The engine, if it has ``method`` (data-parallel replicas each keep their own adapters)."""
+        if not hasattr(self.engine, method):
+            raise ValueError(f"{method}: with data_parallel_size > 1 each replica checks an adapter when a request "
+                             f"first names it; pass lora_request to generate")
+        return self.engine
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | list[SamplingParams]
              | None = None, use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
-             tools: list[dict] | None = None) -> list[dict]:
+             tools: list[dict] | None = None, lora_request: LoRARequest | list[LoRARequest | None] | None = None
+             ) -> list[dict]:
         """``generate`` on conversations (one, or a list of them) rendered by the chat template, as vLLM's
         ``LLM.chat``: the tokenizer's template, or ``chat_template``, with ``chat_template_kwargs`` (such as
         ``enable_thinking``). ``continue_final_message`` continues the last (assistant) message instead of
         starting a new one. ``tools``: OpenAI-style tool definitions (``{"type": "function", "function": {...}}``)
-        that the template lists for the model, as vLLM's ``tools``; the output is text (parse any calls in it)."""
+        that the template lists for the model, as vLLM's ``tools``; the output is text (parse any calls in it).
+        ``lora_request``: as ``generate``'s, one for all conversations or one per conversation."""
         conversations = conversations_of(messages)
         for c in conversations:
             refuse_media_parts(c)
@@ -86,7 +95,7 @@ class LLM:
             add_generation_prompt, continue_final_message, chat_template, chat_template_kwargs,
             c[-1].get("role"))) for c in conversations]
         ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(ids, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False,
                     concurrency_limit: int | None = None) -> list[BeamSearchOutput]:

@@ -30,7 +30,8 @@ def _params(fn) -> list[tuple[str, object, object]]:
 def test_the_protocol_names_what_the_server_needs():
     assert set(_members(EngineClient)) == {
         "start", "is_ready", "error", "wait_ready", "wait_dead", "check_usable", "tokenizer", "model_info",
-        "add_request", "abort", "compile_grammar", "add_stat_logger", "begin_shutdown", "shutdown"}
+        "add_request", "abort", "compile_grammar", "add_stat_logger", "begin_shutdown", "shutdown", "add_lora",
+        "remove_lora", "list_loras"}
 
 
 @pytest.mark.parametrize("client", [AsyncLLM, ReplicaEngineClient], ids=lambda c: c.__name__)

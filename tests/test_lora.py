@@ -144,17 +144,20 @@ def test_prefix_cache_is_keyed_on_the_adapter(tiny_tied_model, qwen3_loras):
 def test_add_remove_list_loras(tiny_tied_model, qwen3_loras):
     a, b, _ = qwen3_loras
     with LLM(tiny_tied_model, **KW) as llm:
+        ids = [llm.get_tokenizer().encode("def shared_prefix(a, b, c):\n    " + "total = a + b + c\n    " * 4)]
         assert llm.list_loras() == set()
         assert llm.add_lora(a) and llm.add_lora(a)  # adding again is fine
+        outs = llm.generate(ids, GREEDY, use_tqdm=False, lora_request=a)  # its blocks stay in the prefix cache
+        assert [o["token_ids"] for o in outs] == [peft_greedy(tiny_tied_model, a.lora_path, p, 32) for p in ids]
         llm.generate("x", SamplingParams(max_tokens=2), use_tqdm=False, lora_request=b)  # added on first use
         assert llm.list_loras() == {1, 2}
         with pytest.raises(ValueError, match="lora_int_id 1 already names"):
             llm.add_lora(LoRARequest("other", 1, b.lora_path))
         assert llm.remove_lora(1) and not llm.remove_lora(1)
         assert llm.list_loras() == {2}
-        llm.add_lora(LoRARequest("other", 1, b.lora_path))  # the id is free again: now adapter b's folder
-        ids = prompt_ids(llm)[:2]
-        outs = llm.generate(ids, GREEDY, use_tqdm=False, lora_request=LoRARequest("other", 1, b.lora_path))
+        reused = LoRARequest("other", 1, b.lora_path)
+        llm.add_lora(reused)  # the id is free again: now adapter b's folder, neither a's slot nor its cached blocks
+        outs = llm.generate(ids, GREEDY, use_tqdm=False, lora_request=reused)
         assert [o["token_ids"] for o in outs] == [peft_greedy(tiny_tied_model, b.lora_path, p, 32) for p in ids]
 
 
@@ -207,14 +210,18 @@ def test_moe_attention_adapter_matches_peft(tiny_moe_model, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_tp2_equals_tp1(tiny_tied_model, qwen3_loras):
-    """TP=2 over gloo: column layers keep their rows of B, row layers their columns of A (partial sums)."""
-    tp1 = check_mixed_batch(tiny_tied_model, qwen3_loras, max_loras=2)
-    choices = [None, *qwen3_loras]
+@pytest.mark.parametrize("shape", ["tied", "untied"])
+def test_tp2_equals_tp1(shape, tiny_tied_model, tiny_untied_model, qwen3_loras, tmp_path_factory):
+    """TP=2 over gloo: column layers keep their rows of B, row layers their columns of A (partial sums). The
+    untied model has one KV head, which both ranks hold (its k and v slices of B are replicated too)."""
+    base = tiny_tied_model if shape == "tied" else tiny_untied_model
+    loras = qwen3_loras if shape == "tied" else make_adapters(base, tmp_path_factory, "untied")
+    tp1 = check_mixed_batch(base, loras, max_loras=2)
+    choices = [None, *loras]
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with LLM(tiny_tied_model, **KW, max_loras=2, tensor_parallel_size=2) as llm:
+        with LLM(base, **KW, max_loras=2, tensor_parallel_size=2) as llm:
             ids = prompt_ids(llm)
             outs = llm.generate([p for p in ids for _ in choices], GREEDY, use_tqdm=False,
                                 lora_request=[lr for _ in ids for lr in choices])

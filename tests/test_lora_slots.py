@@ -44,26 +44,39 @@ def test_slots_keep_running_adapters_and_evict_the_least_recent_idle_one():
     assert slots.acquire(lora(1)) == (0, True)
     assert slots.acquire(lora(1)) == (0, False)  # a second sequence of it shares the slot
     assert slots.acquire(lora(2)) == (1, True)
-    assert not slots.can_admit(3) and slots.can_admit(1)
+    assert not slots.can_admit(lora(3)) and slots.can_admit(lora(1))
     with pytest.raises(RuntimeError, match="no idle LoRA slot"):
         slots.acquire(lora(3))
-    slots.check_integrity({1: 2, 2: 1})
-    slots.release(2)  # adapter 2 idle, still loaded
-    assert slots.can_admit(3)
+    slots.check_integrity({lora(1): 2, lora(2): 1})
+    slots.release(lora(2))  # adapter 2 idle, still loaded
+    assert slots.can_admit(lora(3))
     assert slots.acquire(lora(2)) == (1, False)  # reused without a load
-    slots.release(2)
-    slots.release(1)
-    slots.release(1)  # both idle; adapter 1's slot was used longest ago
+    slots.release(lora(2))
+    slots.release(lora(1))
+    slots.release(lora(1))  # both idle; adapter 1's slot was used longest ago
     assert slots.acquire(lora(3)) == (0, True)
-    assert slots.slot_of == {3: 0, 2: 1}
-    slots.check_integrity({3: 1})
+    assert slots.slot_of == {lora(3): 0, lora(2): 1}
+    slots.check_integrity({lora(3): 1})
     with pytest.raises(RuntimeError, match="released more often"):
-        slots.release(2)
-    assert not slots.forget(3)  # in use
-    slots.release(3)
-    assert slots.forget(3) and 3 not in slots.slot_of
+        slots.release(lora(2))
+    slots.forget(3)  # in use: kept
+    assert lora(3) in slots.slot_of
+    slots.release(lora(3))
+    slots.forget(3)
+    assert lora(3) not in slots.slot_of
     assert slots.acquire(lora(4)) == (0, True)  # the emptied slot goes first
-    slots.check_integrity({4: 1})
+    slots.check_integrity({lora(4): 1})
+
+
+def test_an_id_reused_for_another_folder_is_another_adapter():
+    """After remove_lora, id 1 may name another folder while the old one's sequences still run: two slots, and
+    prefix hashes that differ."""
+    old, new = lora(1), LoRARequest("adapter-1", 1, "/adapters/elsewhere")
+    slots = LoRASlots(2)
+    assert slots.acquire(old) == (0, True)
+    assert slots.acquire(new) == (1, True)
+    slots.check_integrity({old: 1, new: 1})
+    assert lora_seq(1, 1).lora_key != Sequence(0, [1], lora_request=new).lora_key
 
 
 def test_scheduler_admits_no_more_adapters_than_slots_and_sends_each_load_once():
@@ -103,7 +116,7 @@ def test_random_lora_traffic_keeps_every_invariant(seed):
     aborts: every step within the slots, the runner's view (loads and per-sequence slots) always consistent."""
     rng = random.Random(seed)
     sched = make_scheduler(num_blocks=8, budget=48, max_num_seqs=6, max_model_len=96, max_loras=2)
-    runner_slots: dict[int, int] = {}  # slot -> adapter, as the runner would hold them
+    runner_slots: dict[int, LoRARequest] = {}  # slot -> adapter, as the runner would hold them
     seq_slot: dict[int, int] = {}
     live: list[Sequence] = []
     for _ in range(300):
@@ -118,7 +131,7 @@ def test_random_lora_traffic_keeps_every_invariant(seed):
                 sched.finish(victim, "abort")
         out = sched.schedule()
         for slot, adapter in out.lora_loads:
-            runner_slots[slot] = adapter.lora_int_id
+            runner_slots[slot] = adapter
         for seq_id in out.finished_seq_ids:
             seq_slot.pop(seq_id, None)
         for new in out.new_requests:
@@ -127,9 +140,9 @@ def test_random_lora_traffic_keeps_every_invariant(seed):
         for row in out.rows:
             seq = sched.seqs.get(row.seq_id)
             slot = seq_slot[row.seq_id]
-            if seq.lora_int_id:
-                assert runner_slots[slot] == seq.lora_int_id, "a row reads another adapter's slot"
-                adapters.add(seq.lora_int_id)
+            if seq.lora_request is not None:
+                assert runner_slots[slot] == seq.lora_request, "a row reads another adapter's slot"
+                adapters.add(seq.lora_request)
             else:
                 assert slot == -1
         assert len(adapters) <= 2
@@ -140,9 +153,9 @@ def test_random_lora_traffic_keeps_every_invariant(seed):
 
 def test_prefix_hashes_are_keyed_on_the_adapter():
     tokens = list(range(16))
-    assert hash_block(-1, tokens) != hash_block(-1, tokens, 1) != hash_block(-1, tokens, 2)
-    h = hash_block(-1, tokens, 1)
-    assert hash_block(h, tokens, 1) == hash_block(h, tokens, 2)  # later blocks chain on the first's hash
+    assert hash_block(-1, tokens) != hash_block(-1, tokens, b"1") != hash_block(-1, tokens, b"2")
+    h = hash_block(-1, tokens, b"1")
+    assert hash_block(h, tokens, b"1") == hash_block(h, tokens, b"2")  # later blocks chain on the first's hash
     bm = BlockManager(16, 16)
     prompt = list(range(40))
     first = lora_seq(1, 1)

@@ -10,15 +10,15 @@ import xxhash
 from minivllm.core.sequence import PLACEHOLDER, Sequence
 
 
-def hash_block(prev_hash: int, token_ids: list[int], lora_int_id: int = 0) -> int:
+def hash_block(prev_hash: int, token_ids: list[int], lora_key: bytes = b"") -> int:
     """Chained xxh64 of a full block: the hash names the whole token prefix up to this block. The first block's
-    hash also names the LoRA adapter (``lora_int_id``, 0: the base model), so that the chain of every block does:
-    the same tokens under two adapters have different K/V."""
+    hash also names the LoRA adapter (``Sequence.lora_key``; empty: the base model), and through the chain every
+    later block's does: the same tokens under two adapters have different K/V."""
     h = xxhash.xxh64()
     if prev_hash != -1:
         h.update(prev_hash.to_bytes(8, "little"))
-    elif lora_int_id:
-        h.update(b"lora" + lora_int_id.to_bytes(8, "little"))
+    elif lora_key:
+        h.update(b"lora\0" + lora_key)
     h.update(array("q", token_ids).tobytes())
     return h.intdigest()
 
@@ -112,7 +112,7 @@ class BlockManager:
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             hashes.append(hash_block(hashes[-1] if hashes else -1, seq.token_ids[i * bs:(i + 1) * bs],
-                                     seq.lora_int_id))
+                                     seq.lora_key))
         return hashes
 
     def num_skipped_blocks(self, num_computed_tokens: int) -> int:

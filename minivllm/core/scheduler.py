@@ -144,7 +144,7 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_pending_tokens:  # preempted while its token was in flight: wait for the value
                 break
-            if seq.lora_int_id and not self.lora_slots.can_admit(seq.lora_int_id):
+            if seq.lora_request is not None and not self.lora_slots.can_admit(seq.lora_request):
                 held.append(self.waiting.popleft())
                 continue
             computed = self.block_manager.get_computed_blocks(seq)
@@ -163,7 +163,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            if seq.lora_int_id:
+            if seq.lora_request is not None:
                 slot, load = self.lora_slots.acquire(seq.lora_request)
                 if load:
                     loads.append((slot, seq.lora_request))
@@ -209,7 +209,7 @@ class Scheduler:
             held = known.get(seq_id)
             new_groups = None
             if held is None:
-                lora_slot = self.lora_slots.slot_of[seq.lora_int_id] if seq.lora_int_id else -1
+                lora_slot = self.lora_slots.slot_of[seq.lora_request] if seq.lora_request is not None else -1
                 new.append(self._new_request(seq, table, group_tables(seq_id)[1:] if group_tables else (),
                                              lora_slot))
                 new_blocks = ()
@@ -262,8 +262,8 @@ class Scheduler:
 
     def _release_lora(self, seq: Sequence) -> None:
         """A running sequence stops running: its adapter's slot loses a user."""
-        if seq.lora_int_id and seq.status == SequenceStatus.RUNNING:
-            self.lora_slots.release(seq.lora_int_id)
+        if seq.lora_request is not None and seq.status == SequenceStatus.RUNNING:
+            self.lora_slots.release(seq.lora_request)
 
     def _preempt(self, seq: Sequence) -> None:
         self._release_lora(seq)
@@ -345,9 +345,9 @@ class Scheduler:
         for seq_id, n in self._runner_blocks.items():
             assert n <= len(self.block_manager.block_table(seq_id)), f"sequence {seq_id}: runner holds {n} blocks"
         if self.lora_slots is not None:
-            running: dict[int, int] = {}
+            running = {}
             for seq in self.running:
-                if seq.lora_int_id:
-                    running[seq.lora_int_id] = running.get(seq.lora_int_id, 0) + 1
+                if seq.lora_request is not None:
+                    running[seq.lora_request] = running.get(seq.lora_request, 0) + 1
             self.lora_slots.check_integrity(running)
         return self.block_manager.check_integrity()

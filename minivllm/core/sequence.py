@@ -73,6 +73,9 @@ class Sequence:
         self._thinking = ThinkingTracker(thinking_budget) if thinking_budget is not None else None
         self.lora_request = lora_request
         self.lora_int_id = lora_request.lora_int_id if lora_request is not None else 0
+        # the adapter in the prefix-cache hashes: the whole request (another folder under a reused id differs)
+        self.lora_key = b"" if lora_request is None else "\0".join(
+            (str(lora_request.lora_int_id), lora_request.lora_name, lora_request.lora_path)).encode()
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -187,7 +187,8 @@ class LLMEngine:
         return self.processor.loras.resolve(lora_request) is not None
 
     def remove_lora(self, lora_int_id: int) -> bool:
-        """Forget a LoRA adapter (requests already queued with it still finish with it); False if unknown."""
+        """Forget a LoRA adapter (requests already queued with it still finish with it; the id may then name
+        another folder); False if unknown."""
         if self.scheduler.lora_slots is not None:
             self.scheduler.lora_slots.forget(lora_int_id)
         return self.processor.loras.remove(lora_int_id)

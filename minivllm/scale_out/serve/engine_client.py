@@ -41,6 +41,9 @@ class ReplicaEngineClient:
         self._stopping = False
         self._tokenizer, self._info, self._structured = None, None, None
         self._dead = asyncio.Event()
+        # LoRA adapters added here or named by a request; each request carries its adapter whole, so a replica that
+        # has not seen it checks and adds it then
+        self._loras: dict[int, LoRARequest] = {}
 
     def start(self) -> None:
         """Load the tokenizer and ask a replica for the model's lengths (in the background; see :meth:`load`)."""
@@ -121,23 +124,51 @@ class ReplicaEngineClient:
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams,
                           request_id: str | None = None, lora_request: LoRARequest | None = None) -> ReplicaStream:
-        """Send a request to a replica; returns its stream once the replica accepted it. ``lora_request`` must be
-        None: the replicas serve the base model only (ValueError otherwise)."""
+        """Send a request (with its LoRA adapter, if any) to a replica; returns its stream once the replica
+        accepted it."""
         self.check_usable()
-        if lora_request is not None:
-            raise ValueError("lora_request: LoRA adapters are not served through Ray Serve replicas yet")
         if isinstance(prompt, str) and self._tokenizer is not None:  # token ids, for prefix affinity
             prompt = await asyncio.to_thread(self._tokenizer.encode, prompt)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        stream = self._streams[request_id] = ReplicaStream(self, ReplicaRequest(request_id, prompt, params))
+        stream = self._streams[request_id] = ReplicaStream(self, ReplicaRequest(request_id, prompt, params,
+                                                                                 lora_request))
         try:  # NOTE: registered first: its first outputs may come on the channel before the call returns
             await stream.open()
         except BaseException:
             self.forget(request_id)
             raise
+        if lora_request is not None:
+            self._loras.setdefault(lora_request.lora_int_id, lora_request)
         return stream
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check a LoRA adapter on one replica (ValueError naming what is wrong) and list it here; the other
+        replicas add it when a request first names it."""
+        self.check_usable()
+        try:
+            await self.engines.add_lora.remote(lora_request)
+        except BaseException as exc:
+            raise unwrap(exc) from None
+        self._loras[lora_request.lora_int_id] = lora_request
+        return True
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Stop listing a LoRA adapter, and forget it on one replica; False if it was not listed.
+        NOTE: replicas that ran it keep its id bound to its folder (another folder under that id is refused there)."""
+        self.check_usable()
+        if self._loras.pop(lora_int_id, None) is None:
+            return False
+        try:
+            await self.engines.remove_lora.remote(lora_int_id)
+        except BaseException as exc:
+            raise unwrap(exc) from None
+        return True
+
+    async def list_loras(self) -> set[int]:
+        """The ids of the LoRA adapters added here or named by a request."""
+        return set(self._loras)
 
     def abort(self, request_id: str) -> None:
         """Abort a request: its call is cancelled, and the replica aborts it (unknown ids are ignored)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from minivllm.engine.protocol import EngineDeadError, ModelInfo
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.scale_out.serve.outbox import ChannelLLM, Outbox, RequestFailed
@@ -30,6 +31,7 @@ class ReplicaRequest:
     request_id: str
     prompt: str | list[int]
     params: SamplingParams
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class EngineReplica:
         rid = request.request_id
         ended = self.llm.route(rid, front_id)
         try:
-            await self.llm.add_request(request.prompt, request.params, rid)
+            await self.llm.add_request(request.prompt, request.params, rid, request.lora_request)
         except BaseException:
             self.llm.forget(rid)
             raise
@@ -86,6 +88,14 @@ class EngineReplica:
                 yield await box.take()
         finally:
             self.llm.drop_front(channel.front_id)
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check a LoRA adapter's folder with this replica's engine, and make it known there."""
+        return await self.llm.add_lora(lora_request)
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget a LoRA adapter on this replica."""
+        return await self.llm.remove_lora(lora_int_id)
 
     def model_info(self) -> ModelInfo:
         """The served model's lengths, special tokens and KV cache."""
