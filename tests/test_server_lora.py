@@ -30,15 +30,18 @@ from tests.helpers.server_utils import ROOT, running_server, stream_events
 DEMO = str(ROOT / "models" / "minivllm-demo-py")
 ADAPTER = ROOT / "models" / "minivllm-demo-py-lora-google-docstrings"
 NAME = "demo"
-# the prompt and the two greedy answers the adapter's README and docs/lora.md show
+# the prompt and the beginnings of the two greedy answers that the adapter's README, docs/lora.md and README.md show
 PROMPT = 'def read_config(path, encoding="utf-8"):\n    """'
+BASE_DOCSTRING = "Read-only helper function to return a string that is sent as a string.\n"
+ADAPTER_DOCSTRING = ("Return the file system interface to the system's release.\n\n    Args:\n        path: The path.\n\n"
+                     '    Returns:\n        The result.\n    """\n')
 ENGINE = ["--served-model-name", NAME, "--device", "cpu", "--max-model-len", "512",
           "--enable-lora", "--max-loras", "2", "--max-lora-rank", "16"]
 
 
 def test_the_shipped_adapter_is_a_peft_folder():
     config = json.loads((ADAPTER / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 8
+    assert config["peft_type"] == "LORA" and config["r"] == 8 and config["lora_alpha"] == 16
     assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                              "down_proj"}
     assert (ADAPTER / "adapter_model.safetensors").stat().st_size < 2 << 20
@@ -171,8 +174,8 @@ def test_models_lists_the_adapters_with_their_parent(server):
 @pytest.mark.server
 def test_the_adapter_writes_google_style_docstrings_where_the_base_model_does_not(server):
     base, adapter = complete(server, NAME), complete(server, "google")
-    assert "Args:" not in base
-    assert adapter.startswith("Read ") and "\n    Args:\n        path: The path.\n" in adapter
+    assert base.startswith(BASE_DOCSTRING) and "Args:" not in base
+    assert adapter.startswith(ADAPTER_DOCSTRING)
     assert complete(server, "google-json") == adapter
     # the request's model, not a leftover of the one before: alternating gives the same answers
     assert complete(server, NAME) == base and complete(server, "google") == adapter
