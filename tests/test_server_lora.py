@@ -4,12 +4,15 @@ adapter (``models/minivllm-demo-py-lora-google-docstrings``): ``--lora-modules``
 and chat, streamed or not), ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` behind
 ``--enable-lora-runtime-updates``, and every error in OpenAI's shape: an unknown model 404, a bad adapter folder
 400 naming what is wrong, a name loaded twice 400, an unknown adapter unloaded 404. The name registry and the
-flags are also checked in-process."""
+flags are also checked in-process, and README.md's example is run as written."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +33,7 @@ from tests.helpers.server_utils import ROOT, running_server, stream_events
 DEMO = str(ROOT / "models" / "minivllm-demo-py")
 ADAPTER = ROOT / "models" / "minivllm-demo-py-lora-google-docstrings"
 NAME = "demo"
+GOOGLE = "google-docstrings"  # the adapter's name in README.md and docs/lora.md
 # the prompt and the beginnings of the two greedy answers that the adapter's README, docs/lora.md and README.md show
 PROMPT = 'def read_config(path, encoding="utf-8"):\n    """'
 BASE_DOCSTRING = "Read-only helper function to return a string that is sent as a string.\n"
@@ -73,7 +77,8 @@ def test_lora_server_flags_need_enable_lora_and_one_engine():
 
 def test_serve_refuses_lora_modules_without_enable_lora_in_one_line():
     r = subprocess.run([sys.executable, "-m", "minivllm.entrypoints.cli", "serve", DEMO, "--device", "cpu",
-                        "--lora-modules", f"google={ADAPTER}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                        "--lora-modules", f"{GOOGLE}={ADAPTER}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 1
     assert r.stderr.strip() == "minivllm: lora_modules needs enable_lora (--enable-lora)"
 
@@ -150,7 +155,7 @@ def test_load_routes_are_closed_without_the_flag():
 # ------------------------------------------------------------------ over HTTP
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    modules = ["--lora-modules", f"google={ADAPTER}",
+    modules = ["--lora-modules", f"{GOOGLE}={ADAPTER}",
                json.dumps({"name": "google-json", "path": str(ADAPTER), "base_model_name": NAME})]
     with running_server(DEMO, [*ENGINE, *modules, "--enable-lora-runtime-updates"],
                         tmp_path_factory.mktemp("lora")) as srv:
@@ -166,35 +171,35 @@ def complete(server, model: str, prompt: str = PROMPT, **kw) -> str:
 @pytest.mark.server
 def test_models_lists_the_adapters_with_their_parent(server):
     cards = {m.id: m for m in server.client.models.list().data}
-    assert set(cards) == {NAME, "google", "google-json"}
+    assert set(cards) == {NAME, GOOGLE, "google-json"}
     assert cards[NAME].parent is None and cards[NAME].max_model_len == 512
-    assert cards["google"].parent == NAME and cards["google"].root == str(ADAPTER)
+    assert cards[GOOGLE].parent == NAME and cards[GOOGLE].root == str(ADAPTER)
 
 
 @pytest.mark.server
 def test_the_adapter_writes_google_style_docstrings_where_the_base_model_does_not(server):
-    base, adapter = complete(server, NAME), complete(server, "google")
+    base, adapter = complete(server, NAME), complete(server, GOOGLE)
     assert base.startswith(BASE_DOCSTRING) and "Args:" not in base
     assert adapter.startswith(ADAPTER_DOCSTRING)
     assert complete(server, "google-json") == adapter
     # the request's model, not a leftover of the one before: alternating gives the same answers
-    assert complete(server, NAME) == base and complete(server, "google") == adapter
+    assert complete(server, NAME) == base and complete(server, GOOGLE) == adapter
 
 
 @pytest.mark.server
 def test_a_stream_under_an_adapter_equals_its_answer(server):
     kw = {"prompt": PROMPT, "max_tokens": 64, "temperature": 0}
-    whole = complete(server, "google")
-    events = stream_events(server.url, "/v1/completions", {"model": "google", **kw})
+    whole = complete(server, GOOGLE)
+    events = stream_events(server.url, "/v1/completions", {"model": GOOGLE, **kw})
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == whole
-    assert {e["model"] for e in events} == {"google"}
+    assert {e["model"] for e in events} == {GOOGLE}
 
 
 @pytest.mark.server
 def test_chat_selects_the_adapter_too(server):
     messages = [{"role": "user", "content": "What does `os.path.join` do?"}]
     logprobs = {}
-    for model in (NAME, "google"):
+    for model in (NAME, GOOGLE):
         kw = dict(model=model, messages=messages, max_tokens=24, temperature=0)
         r = server.client.chat.completions.create(logprobs=True, **kw)
         assert r.model == model
@@ -203,7 +208,7 @@ def test_chat_selects_the_adapter_too(server):
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
         logprobs[model] = [t.logprob for t in r.choices[0].logprobs.content]
     # the adapter was trained on code, not on chat: its answer may read the same, but its probabilities differ
-    assert logprobs[NAME] != logprobs["google"]
+    assert logprobs[NAME] != logprobs[GOOGLE]
 
 
 @pytest.mark.server
@@ -225,7 +230,7 @@ def test_load_then_unload_an_adapter_at_runtime(server):
     r = post(server, "/v1/load_lora_adapter", {"lora_name": "runtime", "lora_path": str(ADAPTER)})
     assert r.status_code == 200, r.text
     assert "runtime" in {m.id for m in server.client.models.list().data}
-    assert complete(server, "runtime") == complete(server, "google")
+    assert complete(server, "runtime") == complete(server, GOOGLE)
     r = post(server, "/v1/load_lora_adapter", {"lora_name": "runtime", "lora_path": str(ADAPTER)})
     assert r.status_code == 400 and "already been loaded" in r.json()["error"]["message"]
     assert post(server, "/v1/unload_lora_adapter", {"lora_name": "runtime"}).status_code == 200
@@ -259,7 +264,7 @@ def test_a_bad_adapter_folder_is_a_400_naming_what_is_wrong(server, tmp_path):
         assert error["param"] == "lora_path" and words in error["message"], error
     assert post(server, "/v1/load_lora_adapter", {"lora_name": "x"}).status_code == 400  # no lora_path
     names = {m.id for m in server.client.models.list().data}
-    assert names == {NAME, "google", "google-json"}
+    assert names == {NAME, GOOGLE, "google-json"}
 
 
 @pytest.mark.server
@@ -270,3 +275,15 @@ def test_a_bad_adapter_of_lora_modules_stops_the_server_with_one_line(tmp_path):
     assert r.returncode == 1
     assert f"lora_modules: LoRA adapter 'broken' ({tmp_path / 'nowhere'}): lora_path is not a folder" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.server
+def test_the_readme_lora_example_prints_what_the_readme_shows(server):
+    text = (ROOT / "README.md").read_text()
+    block = next(m for m in re.finditer(r"```python\n(.*?)```", text, re.S) if GOOGLE in m[1])
+    shown = re.compile(r"```text\n(.*?)```", re.S).search(text, block.end())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(block[1].replace("http://127.0.0.1:8000", server.url), {"__name__": "readme"})  # noqa: S102
+    assert out.getvalue().strip() == shown[1].strip()
+    assert ADAPTER_DOCSTRING in shown[1] and BASE_DOCSTRING in shown[1]
