@@ -242,7 +242,7 @@ def test_served_model_name_defaults_to_the_model_as_given(tiny_tied_model, monke
 
     seen = {}
 
-    def fake_build_app(async_llm, name, config=None):
+    def fake_build_app(async_llm, name, config=None, **kwargs):
         seen["name"] = name
         raise Built
 
