@@ -1,6 +1,7 @@
 """Multi-LoRA end to end on the CPU: greedy tokens equal transformers + peft (float32) for every adapter, in
 mixed batches of several adapters and the base model, with fewer device slots than adapters, across the dense
-families, at TP=2; prefix caching keyed on the adapter; add/remove/list."""
+families (Qwen3, Llama, Qwen2, Mistral, Gemma 3), Qwen3-MoE's attention, at TP=2; chunked prefill and
+preemption; prefix caching keyed on the adapter; add/remove/list, and the async engine."""
 
 from __future__ import annotations
 
@@ -191,7 +192,7 @@ def test_async_engine_passes_lora_request_through(tiny_tied_model, qwen3_loras):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma3"])
 def test_dense_families_match_peft(family, tmp_path_factory):
     base = str(build_dense_checkpoint(tmp_path_factory.mktemp(f"tiny-{family}"), family, seed=3))
     check_mixed_batch(base, make_adapters(base, tmp_path_factory, family), max_loras=3)

@@ -46,6 +46,7 @@ def test_a_good_adapter_is_read(tiny_tied_model, good_adapter):
     (dict(peft_type="IA3"), "peft_type 'IA3' is not supported"),
     (dict(use_dora=True), "use_dora=True is not supported"),
     (dict(bias="all"), "bias='all' is not supported"),
+    (dict(lora_bias=True), "lora_bias=True is not supported"),
     (dict(rank_pattern={"q_proj": 4}), "rank_pattern=.* is not supported"),
     (dict(alpha_pattern={"q_proj": 3}), "alpha_pattern=.* is not supported"),
     (dict(target_modules=["q_proj", "embed_tokens"]), "unsupported target module.*embed_tokens"),

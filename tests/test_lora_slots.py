@@ -32,7 +32,8 @@ def lora_seq(prompt_len: int, adapter: int, max_tokens: int = 3, start: int = 10
 
 
 def test_lora_request_checks_its_fields():
-    assert LoRARequest("a", 1, "/x").adapter_id == 1
+    req = LoRARequest("a", 1, "/x")
+    assert (req.adapter_id, req.name, req.path) == (1, "a", "/x")
     for args, name in ((("", 1, "/x"), "lora_name"), (("a", 0, "/x"), "lora_int_id"),
                        (("a", True, "/x"), "lora_int_id"), (("a", 1, ""), "lora_path")):
         with pytest.raises(ValueError, match=name):

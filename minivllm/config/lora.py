@@ -13,7 +13,7 @@ class LoRAConfig:
     mixes rows of at most that many adapters and of the base model); ``max_cpu_loras`` loaded adapters are kept
     in host memory (least recently used dropped first); a rank above ``max_lora_rank`` is refused."""
 
-    enable_lora: bool = arg(False, "serve LoRA adapters (a request names one with its lora_request)")
+    enable_lora: bool = arg(False, "serve LoRA adapters of the base model, each request with its own (or none)")
     max_loras: int = arg(1, "adapters on the device at once: the most distinct adapters in one step")
     max_lora_rank: int = arg(16, "the largest adapter rank accepted (the device slots are this wide)")
     max_cpu_loras: int | None = arg(None, "loaded adapters kept in host memory (default: max_loras)")

@@ -11,6 +11,7 @@ from minivllm.core.lora_slots import LoRASlots
 from minivllm.core.scheduler_output import NewRequestData, ScheduledRow, SchedulerOutput
 from minivllm.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 from minivllm.core.stop import check_stop, ends_by_length
+from minivllm.lora.request import LoRARequest
 
 __all__ = ["Scheduler", "SchedulerOutput"]
 
@@ -139,7 +140,7 @@ class Scheduler:
             budget -= num_new
 
         held: list[Sequence] = []  # waiting sequences of adapters without a slot, passed over this step
-        loads: list[tuple[int, object]] = []
+        loads: list[tuple[int, LoRARequest]] = []  # (slot, adapter) put into a slot this step
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
             if seq.num_pending_tokens:  # preempted while its token was in flight: wait for the value
@@ -176,7 +177,7 @@ class Scheduler:
         return self._output(scheduled, preempted, num_cached, num_admitted, tuple(loads))
 
     def _output(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence], num_cached: int,
-                num_admitted: int, lora_loads: tuple = ()) -> SchedulerOutput:
+                num_admitted: int, lora_loads: tuple[tuple[int, LoRARequest], ...] = ()) -> SchedulerOutput:
         """The step's frozen output of the ``(sequence, new tokens)`` rows ``scheduled``; then advance each row's
         computed count and give each sampled row a placeholder for its token (its value arrives with
         ``update_from_output``)."""

@@ -13,12 +13,13 @@ cache).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-from minivllm.engine.engine_loop import EngineLoop
+from minivllm.engine.engine_loop import AddLoRA, EngineLoop, ListLoRAs, LoRACommand, RemoveLoRA
 from minivllm.engine.protocol import (
     EngineDeadError,
     EngineNotReadyError,
@@ -232,20 +233,20 @@ class AsyncLLM:
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         """Make a LoRA adapter known to the engine (``LLMEngine.add_lora``: ValueError naming what is wrong with
         its folder)."""
-        return await self._on_engine(lambda engine: engine.add_lora(lora_request))
+        return await self._lora(AddLoRA(lora_request, concurrent.futures.Future()))
 
     async def remove_lora(self, lora_int_id: int) -> bool:
         """Forget a LoRA adapter (requests running with it finish with it); False if unknown."""
-        return await self._on_engine(lambda engine: engine.remove_lora(lora_int_id))
+        return await self._lora(RemoveLoRA(lora_int_id, concurrent.futures.Future()))
 
     async def list_loras(self) -> set[int]:
         """The ids of the LoRA adapters the engine knows."""
-        return await self._on_engine(lambda engine: engine.list_loras())
+        return await self._lora(ListLoRAs(concurrent.futures.Future()))
 
-    async def _on_engine(self, fn: Callable[[Any], Any]) -> Any:
-        """``fn(engine)`` on the engine loop thread."""
+    async def _lora(self, cmd: LoRACommand):
+        """Run a LoRA command on the engine loop thread."""
         self.check_usable()
-        return await asyncio.wrap_future(self._worker.call(fn))
+        return await asyncio.wrap_future(self._worker.lora(cmd))
 
     def abort(self, request_id: str) -> None:
         """Abort a request and free its KV blocks now (call on the event loop; unknown ids are ignored)."""

@@ -1,7 +1,7 @@
 """EngineLoop: the one thread that builds and owns an engine, and makes every call into it.
 
 Other threads talk to it only through a thread-safe queue of commands (``AddRequest``, ``AbortRequest``,
-``EngineCall``, ``Stop``).
+``AddLoRA``, ``RemoveLoRA``, ``ListLoRAs``, ``Stop``).
 The thread drains the queue, steps the engine while it has work (a request added mid-flight joins
 the next step: continuous batching), tells the stat loggers, and hands each step's outputs to the
 ``on_outputs`` callback; when idle it blocks on the queue.
@@ -23,7 +23,7 @@ from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput, StepStats
 from minivllm.sampling_params import SamplingParams
 
-__all__ = ["AbortRequest", "AddRequest", "EngineCall", "EngineLoop", "Stop"]
+__all__ = ["AbortRequest", "AddLoRA", "AddRequest", "EngineLoop", "ListLoRAs", "RemoveLoRA", "Stop"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +47,29 @@ class AbortRequest:
 
 
 @dataclass(frozen=True)
-class EngineCall:
-    """Run ``fn(engine)`` on the loop thread (``add_lora`` and the like); ``future`` gets its result or error."""
+class AddLoRA:
+    """``engine.add_lora``: ``future`` gets True, or the ValueError naming what is wrong with the adapter."""
 
-    fn: Callable[[Any], Any]
+    lora_request: LoRARequest
     future: concurrent.futures.Future
+
+
+@dataclass(frozen=True)
+class RemoveLoRA:
+    """``engine.remove_lora``: ``future`` gets whether the adapter was known."""
+
+    lora_int_id: int
+    future: concurrent.futures.Future
+
+
+@dataclass(frozen=True)
+class ListLoRAs:
+    """``engine.list_loras``: ``future`` gets the known adapters' ids."""
+
+    future: concurrent.futures.Future
+
+
+LoRACommand = AddLoRA | RemoveLoRA | ListLoRAs
 
 
 @dataclass(frozen=True)
@@ -59,7 +77,7 @@ class Stop:
     """Leave the loop (after the commands queued before this one) and close the engine."""
 
 
-Command = AddRequest | AbortRequest | EngineCall | Stop
+Command = AddRequest | AbortRequest | LoRACommand | Stop
 
 
 class EngineLoop:
@@ -103,13 +121,12 @@ class EngineLoop:
             self._fail_commands()
         return fut
 
-    def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
-        """Queue ``fn(engine)`` to run on the loop thread; the future gets its result or its exception."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(EngineCall(fn, fut))
+    def lora(self, cmd: LoRACommand) -> concurrent.futures.Future:
+        """Queue a LoRA command; returns its future (its result, or the engine's ValueError)."""
+        self._commands.put(cmd)
         if self.error is not None:
             self._fail_commands()
-        return fut
+        return cmd.future
 
     def abort(self, request_id: str) -> None:
         """Queue an ``engine.abort_request`` (frees the request's KV blocks before the next step)."""
@@ -165,8 +182,8 @@ class EngineLoop:
                         continue
                 case AbortRequest():
                     self._abort(cmd.request_id)
-                case EngineCall():
-                    self._call(cmd)
+                case AddLoRA() | RemoveLoRA() | ListLoRAs():
+                    self._lora(cmd)
                     continue
             changed = True
 
@@ -191,11 +208,17 @@ class EngineLoop:
         self.engine_waiting += cmd.params.n  # until the next step's statistics say exactly
         return True
 
-    def _call(self, cmd: EngineCall) -> None:
+    def _lora(self, cmd: LoRACommand) -> None:
         if not cmd.future.set_running_or_notify_cancel():
             return
         try:
-            result = cmd.fn(self.engine)
+            match cmd:
+                case AddLoRA(lora_request=lora):
+                    result = self.engine.add_lora(lora)
+                case RemoveLoRA(lora_int_id=lora_int_id):
+                    result = self.engine.remove_lora(lora_int_id)
+                case ListLoRAs():
+                    result = self.engine.list_loras()
         except Exception as exc:
             cmd.future.set_exception(exc)
             return
@@ -237,5 +260,5 @@ class EngineLoop:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(cmd, (AddRequest, EngineCall)) and not cmd.future.done():
+            if not isinstance(cmd, (AbortRequest, Stop)) and not cmd.future.done():
                 cmd.future.set_exception(EngineDeadError(f"the engine failed: {self.error!r}"))

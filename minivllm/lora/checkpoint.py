@@ -99,7 +99,10 @@ def read_adapter_config(lora: LoRARequest, max_lora_rank: int) -> tuple[int, flo
                                ("fan_in_fan_out", (False, None), "transposed weights"),
                                ("modules_to_save", (None, []), "fully trained modules"),
                                ("layers_to_transform", (None, []), "a subset of layers"),
-                               ("use_qalora", (False, None), "QALoRA")):
+                               ("use_qalora", (False, None), "QALoRA"),
+                               ("lora_bias", (False, None), "a bias on lora_B"),
+                               ("layer_replication", (None, []), "replicated layers"),
+                               ("trainable_token_indices", (None, [], {}), "trained token embeddings")):
         if cfg.get(key) not in allowed:
             raise _fail(lora, f"{CONFIG_FILE}: {key}={cfg.get(key)!r} is not supported ({what})")
     for key, default in (("rank_pattern", r), ("alpha_pattern", alpha)):  # per-module values other than the default

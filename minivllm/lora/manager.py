@@ -48,7 +48,6 @@ class LoRAModelManager:
         if not self.layers:
             raise ValueError(f"enable_lora: {self.arch.architecture} has no layers that take LoRA adapters")
         self.host: OrderedDict[LoRARequest, HostAdapter] = OrderedDict()  # least recently used first
-        self.slots: list[LoRARequest | None] = [None] * lc.max_loras  # what each device slot holds
         self.token_slot_buf = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=device)  # [tokens]
 
     def load_slots(self, loads: tuple[tuple[int, LoRARequest], ...]) -> None:
@@ -57,7 +56,6 @@ class LoRAModelManager:
             weights = self.host_adapter(lora)
             for name, layer in self.layers.items():
                 layer.set_slot(slot, weights.get(name, [None] * layer.num_slices))
-            self.slots[slot] = lora
 
     def host_adapter(self, lora: LoRARequest) -> HostAdapter:
         """The adapter as this rank's layers take it, from the host LRU or read (and checked) from its folder."""

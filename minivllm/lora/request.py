@@ -33,3 +33,13 @@ class LoRARequest:
     def adapter_id(self) -> int:
         """``lora_int_id`` (vLLM's alias)."""
         return self.lora_int_id
+
+    @property
+    def name(self) -> str:
+        """``lora_name`` (vLLM's alias)."""
+        return self.lora_name
+
+    @property
+    def path(self) -> str:
+        """``lora_path`` (vLLM's alias)."""
+        return self.lora_path

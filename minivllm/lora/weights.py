@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from minivllm.lora.checkpoint import PEFTAdapter
+from minivllm.lora.checkpoint import ATTENTION_MODULES, PEFTAdapter
 
 #: PEFT module name -> (the model's layer under ``model.layers.N``, its output slice)
 MODULE_TO_LAYER = {
@@ -22,7 +22,7 @@ def load_adapter_weights(adapter: PEFTAdapter) -> dict[str, dict[int, tuple[torc
     prefix = "base_model.model.model.layers"
     out: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
     for m in adapter.modules:
-        key = f"{prefix}.{m.layer}.{'self_attn' if m.module in ('q_proj', 'k_proj', 'v_proj', 'o_proj') else 'mlp'}"
+        key = f"{prefix}.{m.layer}.{'self_attn' if m.module in ATTENTION_MODULES else 'mlp'}"
         a = tensors[f"{key}.{m.module}.lora_A.weight"].float()  # [r, in]
         b = tensors[f"{key}.{m.module}.lora_B.weight"].float() * adapter.scaling  # [out, r]
         layer, index = MODULE_TO_LAYER[m.module]

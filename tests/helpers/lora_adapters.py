@@ -27,7 +27,11 @@ FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
 
 
 def build_dense_checkpoint(out_dir: Path, family: str, seed: int = 0) -> Path:
-    """A seeded random tiny ``family`` checkpoint (llama, qwen2 or mistral) with the tiny tokenizer."""
+    """A seeded random tiny ``family`` checkpoint (llama, qwen2, mistral or gemma3) with the tiny tokenizer."""
+    if family == "gemma3":
+        from tests.helpers.gemma3_checkpoints import build_gemma3_checkpoint
+
+        return build_gemma3_checkpoint(out_dir, seed=seed)
     config_name, model_name, extra = FAMILIES[family]
     return save_random_checkpoint(out_dir, config_name, model_name, {**DENSE_SHAPE, **extra}, seed)
 
