@@ -196,6 +196,16 @@ def test_a_stream_under_an_adapter_equals_its_answer(server):
 
 
 @pytest.mark.server
+def test_beam_search_runs_under_the_adapter(server):
+    # a beam of width 1 keeps the most likely token at every step: the greedy answer, with the adapter
+    for model in (NAME, GOOGLE):
+        r = post(server, "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": 24, "temperature": 0,
+                                              "use_beam_search": True, "n": 1})
+        assert r.status_code == 200, r.text
+        assert complete(server, model).startswith(r.json()["choices"][0]["text"])
+
+
+@pytest.mark.server
 def test_chat_selects_the_adapter_too(server):
     messages = [{"role": "user", "content": "What does `os.path.join` do?"}]
     logprobs = {}
