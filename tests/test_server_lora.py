@@ -219,6 +219,16 @@ def test_chat_selects_the_adapter_too(server):
         logprobs[model] = [t.logprob for t in r.choices[0].logprobs.content]
     # the adapter was trained on code, not on chat: its answer may read the same, but its probabilities differ
     assert logprobs[NAME] != logprobs[GOOGLE]
+    # vLLM's batch of conversations under the adapter: each answer as the chat route gives it alone (up to the
+    # rounding of a batch of two rows)
+    r = post(server, "/v1/chat/completions/batch", {"model": GOOGLE, "messages": [messages, messages],
+                                                    "max_tokens": 24, "temperature": 0, "logprobs": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == GOOGLE
+    for choice in r.json()["choices"]:
+        batched = [t["logprob"] for t in choice["logprobs"]["content"]]
+        assert batched == pytest.approx(logprobs[GOOGLE], abs=1e-4)
+        assert batched != pytest.approx(logprobs[NAME], abs=1e-2)
 
 
 @pytest.mark.server
