@@ -1,0 +1,336 @@
+"""Multi-LoRA shrink and expand in Triton: a batch's tokens of several adapters (and of the base model) in
+two launches per LoRA layer, segmented by adapter slot (Punica's and S-LoRA's segmented gather matmul).
+
+The ops have the signatures and semantics of the torch reference (minivllm/kernels/lora_torch.py: slots of
+``a`` ``[S, R, H]`` and ``b`` ``[S, N_i, R]`` per slice, ranks zero-padded to ``R``, scaling folded into ``b``,
+token slot -1 for the base model). Tokens are grouped by slot on the device (minivllm/kernels/lora_segments.py,
+once a step when the runner passes ``segments``). Both grids have a fixed size for a given token count and
+number of slots, ``(row tiles x column tiles, slices, slots)``; a program whose slot has fewer tokens than its
+row tile starts at returns at once, so no host sync is needed and a captured CUDA graph replays with any slot
+mapping.
+
+- shrink: each program gathers up to ``BLOCK_M`` tokens of its slot from ``x`` and multiplies them by its
+  slot's ``A`` of one slice (``[R, H]``, all ``R`` columns in one tile), over ``H`` in ``BLOCK_K`` steps;
+  with ``SPLIT_K`` > 1 the ``H`` steps are spread over that many programs that add their parts atomically
+  (few tokens: a decode step would otherwise leave most of the GPU idle while one program walks ``H``).
+- expand: each program takes ``BLOCK_M`` tokens of its slot and ``BLOCK_N`` columns of one slice, one
+  ``[BLOCK_M, R] @ [R, BLOCK_N]`` product, and adds it into those columns of ``y`` in place (a token's
+  columns belong to exactly one program: no atomics).
+
+bf16/fp16 inputs go through the tensor cores with float32 accumulation (the expand's float32 ``shrunk`` is
+rounded to ``b``'s dtype first); float32 inputs use IEEE float32 products (no TF32).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.kernels.lora_segments import LoRASegments, lora_segments
+from minivllm.kernels.pdl import pdl_options, pdl_wait
+
+MAX_SLICES = 3  # a plain linear layer 1, gate-up 2, QKV 3
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class ShrinkConfig(NamedTuple):
+    """Tiles of the shrink kernel: tokens and ``H`` per step, programs sharing one ``H`` walk, warps."""
+
+    block_m: int
+    block_k: int
+    split_k: int
+    num_warps: int
+
+
+class ExpandConfig(NamedTuple):
+    """Tiles of the expand kernel: tokens and output columns per program, warps."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+def _block_m(num_tokens: int) -> int:
+    """Rows of a token tile: 16 (the smallest ``tl.dot`` tile) up to 64, by the batch's token count."""
+    return min(64, max(16, triton.next_power_of_2(num_tokens)))
+
+
+def shrink_config(num_tokens: int, hidden: int, num_slices: int) -> ShrinkConfig:
+    """The shrink's tiles: few tokens split ``hidden`` over up to 64 programs per slice and row tile."""
+    bm = _block_m(num_tokens)
+    bk = 128 if num_tokens <= 64 else 64
+    k_steps = triton.cdiv(hidden, bk)
+    row_tiles = triton.cdiv(num_tokens, bm)
+    split_k = 1
+    while split_k * 2 <= k_steps and split_k * row_tiles * num_slices < 64:
+        split_k *= 2
+    return ShrinkConfig(bm, bk, split_k, 4)
+
+
+def expand_config(num_tokens: int, max_cols: int, num_slices: int) -> ExpandConfig:
+    """The expand's tiles: 128 output columns a program (64 for narrow slices)."""
+    return ExpandConfig(_block_m(num_tokens), 64 if max_cols <= 1024 else 128, 4)
+
+
+@triton.jit
+def _slot_rows(sorted_ptr, counts_ptr, starts_ptr, slot, pid_m, BLOCK_M: tl.constexpr):
+    """Row tile ``pid_m`` of ``slot``'s run: ``(token indices [BLOCK_M], which are real [BLOCK_M])``."""
+    count = tl.load(counts_ptr + slot)
+    start = tl.load(starts_ptr + slot)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    real = rm < count
+    tokens = tl.load(sorted_ptr + start + rm, mask=real, other=0)  # [BLOCK_M]
+    return tokens.to(tl.int64), real
+
+
+@triton.jit
+def _lora_shrink_kernel(
+    x_ptr,  # [T, H]
+    a0_ptr,  # [S, R, H]: slice 0
+    a1_ptr,  # [S, R, H]: slice 1 (slice 0 again when absent)
+    a2_ptr,  # [S, R, H]: slice 2 (slice 0 again when absent)
+    out_ptr,  # [num_slices, T, R] float32, zeroed
+    sorted_ptr,  # [T] int32: token indices, slot by slot
+    counts_ptr,  # [S + 1] int32
+    starts_ptr,  # [S + 1] int32
+    H,
+    stride_xm,
+    stride_a_slot,
+    stride_a_row,
+    stride_out_slice,
+    stride_out_t,
+    MAX_RANK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    IEEE: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_wait(USE_PDL)
+    pid_m = tl.program_id(0) // SPLIT_K
+    pid_k = tl.program_id(0) % SPLIT_K
+    pid_slice = tl.program_id(1)
+    slot = tl.program_id(2)
+    if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
+        return  # a slot absent from the batch, or a row tile past its tokens
+    tokens, real = _slot_rows(sorted_ptr, counts_ptr, starts_ptr, slot, pid_m, BLOCK_M)
+    a_ptr = a0_ptr
+    if pid_slice == 1:
+        a_ptr = a1_ptr
+    if pid_slice == 2:
+        a_ptr = a2_ptr
+    rr = tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    x_rows = x_ptr + tokens[:, None] * stride_xm  # [BLOCK_M, 1]
+    a_rows = a_ptr + slot.to(tl.int64) * stride_a_slot + rr[:, None] * stride_a_row  # [BLOCK_R, 1]
+    acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+    for k in range(pid_k * BLOCK_K, H, SPLIT_K * BLOCK_K):
+        kk = k + rk  # [BLOCK_K]
+        x = tl.load(x_rows + kk[None, :], mask=real[:, None] & (kk[None, :] < H), other=0.0)  # [BM, BK]
+        a = tl.load(a_rows + kk[None, :], mask=(rr[:, None] < MAX_RANK) & (kk[None, :] < H),
+                    other=0.0)  # [BR, BK]
+        if DOT_F32:  # the interpreter's bf16/fp16 dot is wrong; float32 tiles there
+            x = x.to(tl.float32)
+            a = a.to(tl.float32)
+        if IEEE:
+            acc += tl.dot(x, tl.trans(a), input_precision="ieee")  # [BM, BR]
+        else:
+            acc += tl.dot(x, tl.trans(a))  # [BM, BR]
+    out = out_ptr + pid_slice * stride_out_slice + tokens[:, None] * stride_out_t + rr[None, :]  # [BM, BR]
+    mask = real[:, None] & (rr[None, :] < MAX_RANK)
+    if SPLIT_K == 1:
+        tl.store(out, acc, mask=mask)
+    else:
+        tl.atomic_add(out, acc, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _lora_expand_kernel(
+    s_ptr,  # [num_slices, T, R] float32: the shrink's output
+    b0_ptr,  # [S, N_0, R]
+    b1_ptr,  # [S, N_1, R] (slice 0 again when absent)
+    b2_ptr,  # [S, N_2, R] (slice 0 again when absent)
+    y_ptr,  # [T, >= sum N_i]: updated in place
+    sorted_ptr,  # [T] int32: token indices, slot by slot
+    counts_ptr,  # [S + 1] int32
+    starts_ptr,  # [S + 1] int32
+    n0, n1, n2,  # columns of each slice
+    off0, off1, off2,  # first column of each slice in y
+    stride_b0_slot, stride_b1_slot, stride_b2_slot,
+    stride_b0_row, stride_b1_row, stride_b2_row,
+    stride_s_slice,
+    stride_s_t,
+    stride_ym,
+    num_n_tiles,
+    MAX_RANK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    IEEE: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pdl_wait(USE_PDL)
+    # the column tiles of one row tile are neighbours in launch order: its shrunk rows stay in L2
+    pid_m = tl.program_id(0) // num_n_tiles
+    pid_n = tl.program_id(0) % num_n_tiles
+    pid_slice = tl.program_id(1)
+    slot = tl.program_id(2)
+    if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
+        return  # a slot absent from the batch, or a row tile past its tokens
+    b_ptr, n, off, stride_slot, stride_row = b0_ptr, n0, off0, stride_b0_slot, stride_b0_row
+    if pid_slice == 1:
+        b_ptr, n, off, stride_slot, stride_row = b1_ptr, n1, off1, stride_b1_slot, stride_b1_row
+    if pid_slice == 2:
+        b_ptr, n, off, stride_slot, stride_row = b2_ptr, n2, off2, stride_b2_slot, stride_b2_row
+    if pid_n * BLOCK_N >= n:
+        return  # a column tile past a narrower slice (k/v beside q)
+    tokens, real = _slot_rows(sorted_ptr, counts_ptr, starts_ptr, slot, pid_m, BLOCK_M)
+    rr = tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    s = tl.load(s_ptr + pid_slice * stride_s_slice + tokens[:, None] * stride_s_t + rr[None, :],
+                mask=real[:, None] & (rr[None, :] < MAX_RANK), other=0.0)  # [BM, BR] float32
+    b = tl.load(b_ptr + slot.to(tl.int64) * stride_slot + rn[None, :].to(tl.int64) * stride_row + rr[:, None],
+                mask=(rr[:, None] < MAX_RANK) & (rn[None, :] < n), other=0.0)  # [BR, BN]
+    if DOT_F32:  # the interpreter's bf16/fp16 dot is wrong: the tensor cores' rounding of s, float32 tiles
+        s = s.to(b_ptr.dtype.element_ty).to(tl.float32)
+        b = b.to(tl.float32)
+    else:
+        s = s.to(b_ptr.dtype.element_ty)
+    if IEEE:
+        delta = tl.dot(s, b, input_precision="ieee")  # [BM, BN]
+    else:
+        delta = tl.dot(s, b)  # [BM, BN]
+    y = y_ptr + tokens[:, None] * stride_ym + off + rn[None, :]  # [BM, BN]
+    mask = real[:, None] & (rn[None, :] < n)
+    acc = tl.load(y, mask=mask, other=0.0).to(tl.float32) + delta
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_slices(name: str, stacked, num_slots: int, rank_dim: int, dtype: torch.dtype) -> int:
+    """Validate ``stacked`` (a tuple of 1..MAX_SLICES ``[S, ., .]`` tensors of ``dtype``); their padded rank."""
+    if not isinstance(stacked, (tuple, list)) or not 1 <= len(stacked) <= MAX_SLICES:
+        raise ValueError(f"{name} must be a tuple of 1 to {MAX_SLICES} slices, got "
+                         f"{len(stacked) if isinstance(stacked, (tuple, list)) else type(stacked).__name__}")
+    rank = stacked[0].shape[rank_dim] if stacked[0].dim() == 3 else -1
+    for w in stacked:
+        if w.dim() != 3 or w.shape[0] != num_slots or w.shape[rank_dim] != rank or w.dtype != dtype:
+            raise ValueError(f"{name}: every slice must be [{num_slots} slots, ...] {dtype} with the same rank, "
+                             f"got {[(tuple(t.shape), t.dtype) for t in stacked]}")
+        if w.stride(2) != 1:
+            raise ValueError(f"{name}: the last dimension of each slice must be contiguous")
+    if rank < 1:
+        raise ValueError(f"{name}: the rank must be at least 1, got {rank}")
+    return rank
+
+
+def _segments_for(token_slot: torch.Tensor, num_tokens: int, num_slots: int,
+                  segments: LoRASegments | None) -> LoRASegments:
+    """``segments`` checked against the batch, or built from ``token_slot`` when not given."""
+    if token_slot.shape != (num_tokens,):
+        raise ValueError(f"token_slot must be [{num_tokens}] (one slot per token), got {tuple(token_slot.shape)}")
+    if segments is None:
+        return lora_segments(token_slot, num_slots)
+    if segments.num_slots != num_slots or segments.sorted_tokens.shape != (num_tokens,):
+        raise ValueError(f"segments are for {segments.sorted_tokens.shape[0]} tokens and {segments.num_slots} "
+                         f"slots, the call has {num_tokens} tokens and {num_slots} slots")
+    return segments
+
+
+def _padded(stacked: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``stacked`` with slice 0 repeated up to ``MAX_SLICES`` (the kernels' unused pointer arguments)."""
+    return tuple(stacked) + (stacked[0],) * (MAX_SLICES - len(stacked))
+
+
+def _block_r(rank: int) -> int:
+    """The rank tile: the padded rank rounded up to a power of two, at least 16 (``tl.dot``'s smallest)."""
+    return max(16, triton.next_power_of_2(rank))
+
+
+def lora_shrink(x: torch.Tensor, a_stacked: tuple[torch.Tensor, ...], token_slot: torch.Tensor,
+                out: torch.Tensor, *, segments: LoRASegments | None = None,
+                config: ShrinkConfig | None = None) -> torch.Tensor:
+    """Write ``x @ A.T`` of each token's adapter into ``out`` for each slice; zeros for base-model tokens.
+
+    x: [T, H]; a_stacked[i]: [S, R, H]; token_slot: [T] int (-1: none); out: [num_slices, T, R] float32.
+    ``segments``: ``lora_segments(token_slot, S)``, built here when not given; ``config``: the tiles
+    (default :func:`shrink_config`).
+    """
+    if x.dim() != 2 or x.dtype not in DTYPES or x.stride(1) != 1:
+        raise ValueError(f"x must be [T, H] of {DTYPES} with contiguous rows, got {tuple(x.shape)} {x.dtype}")
+    num_tokens, hidden = x.shape
+    num_slots = a_stacked[0].shape[0] if isinstance(a_stacked, (tuple, list)) and a_stacked else 0
+    rank = _check_slices("a_stacked", a_stacked, num_slots, 1, x.dtype)
+    if any(a.shape[2] != hidden or a.stride() != a_stacked[0].stride() for a in a_stacked):
+        raise ValueError(f"a_stacked: every slice must be [S, R, {hidden}] with the same strides, got "
+                         f"{[tuple(a.shape) for a in a_stacked]}")
+    num_slices = len(a_stacked)
+    if out.shape != (num_slices, num_tokens, rank) or out.dtype != torch.float32 or out.stride(2) != 1:
+        raise ValueError(f"out must be [{num_slices}, {num_tokens}, {rank}] float32, got {tuple(out.shape)} "
+                         f"{out.dtype}")
+    seg = _segments_for(token_slot, num_tokens, num_slots, segments)
+    out.zero_()
+    if num_tokens == 0:
+        return out
+    bm, bk, split_k, warps = config or shrink_config(num_tokens, hidden, num_slices)
+    a0, a1, a2 = _padded(a_stacked)
+    grid = (triton.cdiv(num_tokens, bm) * split_k, num_slices, num_slots)
+    cpu = x.device.type == "cpu"  # Triton runs on CPU tensors only in its interpreter
+    _lora_shrink_kernel[grid](
+        x, a0, a1, a2, out, seg.sorted_tokens, seg.counts, seg.starts, hidden, x.stride(0), a0.stride(0),
+        a0.stride(1), out.stride(0), out.stride(1), MAX_RANK=rank, BLOCK_R=_block_r(rank), BLOCK_M=bm,
+        BLOCK_K=bk, SPLIT_K=split_k, DOT_F32=cpu and x.dtype != torch.float32, IEEE=x.dtype == torch.float32,
+        num_warps=warps, **pdl_options(x))
+    return out
+
+
+def lora_expand(shrunk: torch.Tensor, b_stacked: tuple[torch.Tensor, ...], token_slot: torch.Tensor,
+                y: torch.Tensor, slice_offsets: tuple[int, ...], *, segments: LoRASegments | None = None,
+                config: ExpandConfig | None = None) -> torch.Tensor:
+    """Add ``shrunk[i] @ B_i.T`` of each token's adapter into the columns of slice i of ``y``, in place.
+
+    shrunk: [num_slices, T, R] float32; b_stacked[i]: [S, N_i, R]; token_slot: [T]; y: [T, sum N_i];
+    slice_offsets: the first column of each slice in ``y`` (len num_slices + 1, the last one sum N_i).
+    ``segments``: ``lora_segments(token_slot, S)``, built here when not given; ``config``: the tiles
+    (default :func:`expand_config`).
+    """
+    if y.dim() != 2 or y.dtype not in DTYPES or y.stride(1) != 1:
+        raise ValueError(f"y must be [T, N] of {DTYPES} with contiguous rows, got {tuple(y.shape)} {y.dtype}")
+    num_tokens = y.shape[0]
+    num_slots = b_stacked[0].shape[0] if isinstance(b_stacked, (tuple, list)) and b_stacked else 0
+    b_dtype = b_stacked[0].dtype if num_slots else y.dtype
+    if b_dtype not in DTYPES:
+        raise ValueError(f"b_stacked must be of {DTYPES}, got {b_dtype}")
+    rank = _check_slices("b_stacked", b_stacked, num_slots, 2, b_dtype)
+    num_slices = len(b_stacked)
+    if shrunk.shape != (num_slices, num_tokens, rank) or shrunk.dtype != torch.float32 or shrunk.stride(2) != 1:
+        raise ValueError(f"shrunk must be [{num_slices}, {num_tokens}, {rank}] float32, got "
+                         f"{tuple(shrunk.shape)} {shrunk.dtype}")
+    offsets = tuple(int(o) for o in slice_offsets)
+    widths = tuple(b.shape[1] for b in b_stacked)
+    if (len(offsets) != num_slices + 1 or offsets[0] < 0 or offsets[-1] > y.shape[1]
+            or any(offsets[i + 1] - offsets[i] != widths[i] for i in range(num_slices))):
+        raise ValueError(f"slice_offsets must be {num_slices + 1} column offsets into y's {y.shape[1]} columns "
+                         f"with slice widths {widths}, got {offsets}")
+    seg = _segments_for(token_slot, num_tokens, num_slots, segments)
+    if num_tokens == 0:
+        return y
+    bm, bn, warps = config or expand_config(num_tokens, max(widths), num_slices)
+    num_n_tiles = triton.cdiv(max(widths), bn)
+    b0, b1, b2 = _padded(b_stacked)
+    n0, n1, n2 = widths + (0,) * (MAX_SLICES - num_slices)
+    off0, off1, off2 = offsets[:num_slices] + (0,) * (MAX_SLICES - num_slices)
+    grid = (triton.cdiv(num_tokens, bm) * num_n_tiles, num_slices, num_slots)
+    cpu = y.device.type == "cpu"  # Triton runs on CPU tensors only in its interpreter
+    _lora_expand_kernel[grid](
+        shrunk, b0, b1, b2, y, seg.sorted_tokens, seg.counts, seg.starts, n0, n1, n2, off0, off1, off2,
+        b0.stride(0), b1.stride(0), b2.stride(0), b0.stride(1), b1.stride(1), b2.stride(1), shrunk.stride(0),
+        shrunk.stride(1), y.stride(0), num_n_tiles, MAX_RANK=rank, BLOCK_R=_block_r(rank), BLOCK_M=bm,
+        BLOCK_N=bn, DOT_F32=cpu and b_dtype != torch.float32, IEEE=b_dtype == torch.float32, num_warps=warps,
+        **pdl_options(y))
+    return y
