@@ -1,4 +1,5 @@
-"""Compile the decode-path Triton kernels (and the fused MoE layer's and the LoRA shrink and expand) for a Hopper
+"""Compile the decode-path Triton kernels (and the fused MoE layer's, and the LoRA shrink and expand) for a
+Hopper GPU (sm_90) without one.
 
     python scripts/compile_check.py    (also run by tests/test_compile_check.py)
 
