@@ -154,6 +154,13 @@ def _lora_shrink(dtype: str, rank: int, split_k: int) -> tuple:
             _ints(lora._lora_shrink_kernel, {**ptrs, **LORA_INDEX, "out_ptr": "*fp32"}, consts), consts)
 
 
+def _lora_shrink_fma(dtype: str, rank: int, rows: int) -> tuple:
+    ptrs = dict.fromkeys(("x_ptr", "a0_ptr", "a1_ptr", "a2_ptr"), f"*{dtype}")
+    consts = {"MAX_RANK": rank, "FMA_ROWS": rows, "BLOCK_M": 1, "BLOCK_K": 512, "USE_PDL": True}
+    return (f"LoRA shrink, FMA, {dtype}, rank {rank}, {rows} rank row(s) a program (PDL)", lora._lora_shrink_fma_kernel,
+            _ints(lora._lora_shrink_fma_kernel, {**ptrs, **LORA_INDEX, "out_ptr": "*fp32"}, consts), consts)
+
+
 def _lora_expand(dtype: str, rank: int, bm: int) -> tuple:
     ptrs = dict.fromkeys(("b0_ptr", "b1_ptr", "b2_ptr", "y_ptr"), f"*{dtype}")
     consts = {"MAX_RANK": rank, "BLOCK_R": max(16, rank), "BLOCK_M": bm, "BLOCK_N": 128, "DOT_F32": False,
@@ -165,6 +172,7 @@ def _lora_expand(dtype: str, rank: int, bm: int) -> tuple:
 LORA_KERNELS = [
     *[_lora_shrink(dtype, rank, split_k) for dtype in ("bf16", "fp16") for rank in (8, 64) for split_k in (1, 16)],
     _lora_shrink("fp32", 16, 4),
+    *[_lora_shrink_fma(dtype, rank, rows) for dtype in ("bf16", "fp32") for rank, rows in ((16, 1), (64, 4))],
     *[_lora_expand(dtype, rank, bm) for dtype in ("bf16", "fp16") for rank in (8, 64) for bm in (16, 64)],
     _lora_expand("fp32", 16, 64),
 ]

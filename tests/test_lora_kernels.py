@@ -46,11 +46,12 @@ FAST = [  # (rows, widths, rank, slots, adapters)
     (37, QKV, 16, 4, 3),  # QKV, ragged row and column tiles, base rows mixed in
     (1, (64,), 8, 8, 1),  # one decode token, rank 8 (the rank tile padded to 16)
     (20, GATE_UP, 64, 3, 3),  # gate-up at rank 64
+    (12, GATE_UP, 24, 3, 2),  # a rank not a power of two, the FMA variant (up to 16 tokens)
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-@pytest.mark.parametrize("rows,widths,rank,slots,adapters", FAST, ids=["qkv-37x16", "decode-r8", "gate-up-r64"])
+@pytest.mark.parametrize("rows,widths,rank,slots,adapters", FAST, ids=["qkv-37x16", "decode-r8", "gate-up-r64", "r24"])
 def test_shrink_expand_match_the_torch_reference(dtype, rows, widths, rank, slots, adapters):
     _check(lora_case(rows, 96, widths, rank, slots, adapters, dtype, seed=rows + rank))
 
@@ -71,19 +72,27 @@ def test_issue_grid_matches_the_torch_reference(dtype, rank, rows, adapters, wid
     _check(lora_case(rows, 128, widths, rank, 8, adapters, dtype, seed=rank * 1000 + rows * 10 + adapters))
 
 
-@pytest.mark.parametrize("split_k", [1, 2, 4])
-def test_split_k_and_tiles(split_k):
-    """The shrink's ``H`` walk split over 1, 2, 4 programs (atomic float32 adds), and small tiles everywhere:
+@pytest.mark.parametrize("variant", [(1, 0), (2, 0), (4, 0), (1, 2), (1, 4), (1, 8)],
+                         ids=["mma", "mma-split2", "mma-split4", "fma-2rows", "fma-4rows", "fma-8rows"])
+def test_shrink_variants_and_small_tiles(variant):
+    """The shrink's MMA variant with its ``H`` walk split over 1, 2, 4 programs (atomic float32 adds) and its
+    FMA variant with 2, 4, 8 rank rows a program (rank 12: a ragged last block); small tiles everywhere,
     several row tiles per slot and column tiles per slice."""
-    case = lora_case(45, 200, QKV, 32, 4, 4, torch.bfloat16, seed=split_k)
-    _check(case, shrink_cfg=ShrinkConfig(16, 32, split_k, 4), expand_cfg=ExpandConfig(16, 32, 4))
+    split_k, fma_rows = variant
+    case = lora_case(21, 100, QKV, 12, 3, 3, torch.bfloat16, seed=split_k + fma_rows)
+    _check(case, shrink_cfg=ShrinkConfig(16, 32, split_k, fma_rows, 4), expand_cfg=ExpandConfig(16, 32, 4))
 
 
-def test_default_shrink_config_splits_few_tokens_only():
-    """A decode step spreads ``H`` over several programs; a prefill's row tiles alone fill the GPU."""
-    assert shrink_config(1, 4096, 3).split_k > 1
-    assert shrink_config(4096, 4096, 3).split_k == 1
-    assert shrink_config(1, 64, 1).split_k == 1  # one step of H: nothing to split
+def test_default_shrink_config_by_token_count():
+    """A decode step: the FMA variant, rank rows spread over about 64 programs per slot; up to a few hundred
+    tokens: the MMA variant splitting ``H``; a prefill's row tiles alone fill the GPU."""
+    assert shrink_config(1, 4096, 16, 3) == ShrinkConfig(1, 512, 1, 1, 4)  # 48 programs a slot
+    assert shrink_config(16, 4096, 64, 3).fma_rows == 2  # 32 rank blocks x 3 slices
+    assert shrink_config(16, 4096, 64, 1).fma_rows == 1
+    mid = shrink_config(48, 4096, 16, 3)
+    assert mid.fma_rows == 0 and mid.split_k > 1
+    assert shrink_config(4096, 4096, 16, 3).split_k == 1
+    assert shrink_config(64, 64, 16, 1).split_k == 1  # one step of H: nothing to split
 
 
 def test_segments_group_tokens_by_slot():

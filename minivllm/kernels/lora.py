@@ -3,16 +3,19 @@ two launches per LoRA layer, segmented by adapter slot (Punica's and S-LoRA's se
 
 The ops have the signatures and semantics of the torch reference (minivllm/kernels/lora_torch.py: slots of
 ``a`` ``[S, R, H]`` and ``b`` ``[S, N_i, R]`` per slice, ranks zero-padded to ``R``, scaling folded into ``b``,
-token slot -1 for the base model). Tokens are grouped by slot on the device (minivllm/kernels/lora_segments.py,
-once a step when the runner passes ``segments``). Both grids have a fixed size for a given token count and
-number of slots, ``(row tiles x column tiles, slices, slots)``; a program whose slot has fewer tokens than its
-row tile starts at returns at once, so no host sync is needed and a captured CUDA graph replays with any slot
-mapping.
+token slot -1 for the base model). Tokens are grouped by slot on the device (minivllm/kernels/lora_segments.py;
+once a step when the runner passes ``segments``, else in each call). Both grids have a fixed size for a given
+token count and number of slots, ``(row tiles x other tiles, slices, slots)``; a program whose slot has fewer
+tokens than its row tile starts at returns at once, so no host sync is needed and a captured CUDA graph
+replays with any slot mapping.
 
-- shrink: each program gathers up to ``BLOCK_M`` tokens of its slot from ``x`` and multiplies them by its
-  slot's ``A`` of one slice (``[R, H]``, all ``R`` columns in one tile), over ``H`` in ``BLOCK_K`` steps;
-  with ``SPLIT_K`` > 1 the ``H`` steps are spread over that many programs that add their parts atomically
-  (few tokens: a decode step would otherwise leave most of the GPU idle while one program walks ``H``).
+- shrink, its ``A`` walk over ``H`` spread three ways by the batch's token count (:func:`shrink_config`):
+  few tokens (a decode step), the FMA variant: each program takes ``fma_rows`` rows of its slot's ``A`` (of one
+  slice) for its slot's tokens, float32 FMAs; more tokens, the MMA variant: each program gathers up to
+  ``BLOCK_M`` tokens of its slot and multiplies them by all ``R`` rows of ``A`` on the tensor cores, its ``H``
+  walk split over ``SPLIT_K`` programs that add their parts atomically into a zeroed ``out`` while the row tiles
+  alone leave the GPU idle. Without a split, the programs of an extra group past the slots write the base
+  model's zero rows, so that ``out`` needs no separate zeroing.
 - expand: each program takes ``BLOCK_M`` tokens of its slot and ``BLOCK_N`` columns of one slice, one
   ``[BLOCK_M, R] @ [R, BLOCK_N]`` product, and adds it into those columns of ``y`` in place (a token's
   columns belong to exactly one program: no atomics).
@@ -33,15 +36,18 @@ from minivllm.kernels.lora_segments import LoRASegments, lora_segments
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 MAX_SLICES = 3  # a plain linear layer 1, gate-up 2, QKV 3
+FMA_MAX_TOKENS = 16  # the shrink's FMA variant up to this many tokens in the batch
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class ShrinkConfig(NamedTuple):
-    """Tiles of the shrink kernel: tokens and ``H`` per step, programs sharing one ``H`` walk, warps."""
+    """Tiles of the shrink: tokens and ``H`` per step, programs sharing one ``H`` walk (MMA variant), rank rows
+    a program (``fma_rows`` > 0: the FMA variant, ``split_k`` 1), warps."""
 
     block_m: int
     block_k: int
     split_k: int
+    fma_rows: int
     num_warps: int
 
 
@@ -58,8 +64,19 @@ def _block_m(num_tokens: int) -> int:
     return min(64, max(16, triton.next_power_of_2(num_tokens)))
 
 
-def shrink_config(num_tokens: int, hidden: int, num_slices: int) -> ShrinkConfig:
-    """The shrink's tiles: few tokens split ``hidden`` over up to 64 programs per slice and row tile."""
+def shrink_config(num_tokens: int, hidden: int, rank: int, num_slices: int) -> ShrinkConfig:
+    """The shrink's variant and tiles for ``num_tokens`` tokens (see the module docstring).
+
+    Up to ``FMA_MAX_TOKENS`` tokens: FMAs, the rank rows spread over at least 64 programs per slot where the
+    rank allows. Above: the tensor cores, ``H`` split over up to 64 programs per slot while the row tiles and
+    slices alone give fewer.
+    """
+    if num_tokens <= FMA_MAX_TOKENS:
+        bm = triton.next_power_of_2(max(1, num_tokens))
+        rows = 1
+        while rank % (2 * rows) == 0 and rank // (2 * rows) * num_slices >= 64:
+            rows *= 2
+        return ShrinkConfig(bm, max(32, min(512, 4096 // (bm * rows))), 1, rows, 4)
     bm = _block_m(num_tokens)
     bk = 128 if num_tokens <= 64 else 64
     k_steps = triton.cdiv(hidden, bk)
@@ -67,7 +84,7 @@ def shrink_config(num_tokens: int, hidden: int, num_slices: int) -> ShrinkConfig
     split_k = 1
     while split_k * 2 <= k_steps and split_k * row_tiles * num_slices < 64:
         split_k *= 2
-    return ShrinkConfig(bm, bk, split_k, 4)
+    return ShrinkConfig(bm, bk, split_k, 0, 4)
 
 
 def expand_config(num_tokens: int, max_cols: int, num_slices: int) -> ExpandConfig:
@@ -87,16 +104,28 @@ def _slot_rows(sorted_ptr, counts_ptr, starts_ptr, slot, pid_m, BLOCK_M: tl.cons
 
 
 @triton.jit
+def _slice_ptr(p0, p1, p2, pid_slice):
+    """The pointer of slice ``pid_slice`` (0, 1 or 2)."""
+    p = p0
+    if pid_slice == 1:
+        p = p1
+    if pid_slice == 2:
+        p = p2
+    return p
+
+
+@triton.jit
 def _lora_shrink_kernel(
     x_ptr,  # [T, H]
     a0_ptr,  # [S, R, H]: slice 0
     a1_ptr,  # [S, R, H]: slice 1 (slice 0 again when absent)
     a2_ptr,  # [S, R, H]: slice 2 (slice 0 again when absent)
-    out_ptr,  # [num_slices, T, R] float32, zeroed
-    sorted_ptr,  # [T] int32: token indices, slot by slot
+    out_ptr,  # [num_slices, T, R] float32 (zeroed when SPLIT_K > 1)
+    sorted_ptr,  # [T] int32: token indices, slot by slot, the base model's last
     counts_ptr,  # [S + 1] int32
     starts_ptr,  # [S + 1] int32
     H,
+    num_slots,
     stride_xm,
     stride_a_slot,
     stride_a_row,
@@ -111,24 +140,27 @@ def _lora_shrink_kernel(
     IEEE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
+    """The MMA variant: all ``R`` rank columns of ``BLOCK_M`` tokens a program, 1/SPLIT_K of the ``H`` walk."""
     pdl_wait(USE_PDL)
     pid_m = tl.program_id(0) // SPLIT_K
     pid_k = tl.program_id(0) % SPLIT_K
     pid_slice = tl.program_id(1)
-    slot = tl.program_id(2)
+    slot = tl.program_id(2)  # num_slots: the base model's tokens
     if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
         return  # a slot absent from the batch, or a row tile past its tokens
     tokens, real = _slot_rows(sorted_ptr, counts_ptr, starts_ptr, slot, pid_m, BLOCK_M)
-    a_ptr = a0_ptr
-    if pid_slice == 1:
-        a_ptr = a1_ptr
-    if pid_slice == 2:
-        a_ptr = a2_ptr
     rr = tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    out = out_ptr + pid_slice * stride_out_slice + tokens[:, None] * stride_out_t + rr[None, :]  # [BM, BR]
+    mask = real[:, None] & (rr[None, :] < MAX_RANK)
+    acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+    if slot == num_slots:
+        if pid_k == 0:
+            tl.store(out, acc, mask=mask)  # the base model's rows: zeros
+        return
+    a_ptr = _slice_ptr(a0_ptr, a1_ptr, a2_ptr, pid_slice)
     rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
     x_rows = x_ptr + tokens[:, None] * stride_xm  # [BLOCK_M, 1]
     a_rows = a_ptr + slot.to(tl.int64) * stride_a_slot + rr[:, None] * stride_a_row  # [BLOCK_R, 1]
-    acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
     for k in range(pid_k * BLOCK_K, H, SPLIT_K * BLOCK_K):
         kk = k + rk  # [BLOCK_K]
         x = tl.load(x_rows + kk[None, :], mask=real[:, None] & (kk[None, :] < H), other=0.0)  # [BM, BK]
@@ -141,12 +173,62 @@ def _lora_shrink_kernel(
             acc += tl.dot(x, tl.trans(a), input_precision="ieee")  # [BM, BR]
         else:
             acc += tl.dot(x, tl.trans(a))  # [BM, BR]
-    out = out_ptr + pid_slice * stride_out_slice + tokens[:, None] * stride_out_t + rr[None, :]  # [BM, BR]
-    mask = real[:, None] & (rr[None, :] < MAX_RANK)
     if SPLIT_K == 1:
         tl.store(out, acc, mask=mask)
     else:
         tl.atomic_add(out, acc, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _lora_shrink_fma_kernel(
+    x_ptr,  # [T, H]
+    a0_ptr,  # [S, R, H]: slice 0
+    a1_ptr,  # [S, R, H]: slice 1 (slice 0 again when absent)
+    a2_ptr,  # [S, R, H]: slice 2 (slice 0 again when absent)
+    out_ptr,  # [num_slices, T, R] float32
+    sorted_ptr,  # [T] int32: token indices, slot by slot, the base model's last
+    counts_ptr,  # [S + 1] int32
+    starts_ptr,  # [S + 1] int32
+    H,
+    num_slots,
+    num_r_blocks,
+    stride_xm,
+    stride_a_slot,
+    stride_a_row,
+    stride_out_slice,
+    stride_out_t,
+    MAX_RANK: tl.constexpr,
+    FMA_ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """The FMA variant, for a few tokens: ``FMA_ROWS`` rank rows of ``BLOCK_M`` tokens a program, the whole
+    ``H`` walk in float32 FMAs (more programs per slot than the MMA variant's one rank tile)."""
+    pdl_wait(USE_PDL)
+    pid_m = tl.program_id(0) // num_r_blocks
+    pid_r = tl.program_id(0) % num_r_blocks
+    pid_slice = tl.program_id(1)
+    slot = tl.program_id(2)  # num_slots: the base model's tokens
+    if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
+        return  # a slot absent from the batch, or a row tile past its tokens
+    tokens, real = _slot_rows(sorted_ptr, counts_ptr, starts_ptr, slot, pid_m, BLOCK_M)
+    rr = pid_r * FMA_ROWS + tl.arange(0, FMA_ROWS)  # [FMA_ROWS]
+    out = out_ptr + pid_slice * stride_out_slice + tokens[:, None] * stride_out_t + rr[None, :]  # [BM, FR]
+    mask = real[:, None] & (rr[None, :] < MAX_RANK)
+    acc = tl.zeros([BLOCK_M, FMA_ROWS], dtype=tl.float32)
+    if slot < num_slots:  # else the base model's rows: zeros
+        a_ptr = _slice_ptr(a0_ptr, a1_ptr, a2_ptr, pid_slice)
+        rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+        x_rows = x_ptr + tokens[:, None] * stride_xm  # [BLOCK_M, 1]
+        a_rows = a_ptr + slot.to(tl.int64) * stride_a_slot + rr[:, None] * stride_a_row  # [FMA_ROWS, 1]
+        for k in range(0, H, BLOCK_K):
+            kk = k + rk  # [BLOCK_K]
+            x = tl.load(x_rows + kk[None, :], mask=real[:, None] & (kk[None, :] < H), other=0.0)  # [BM, BK]
+            a = tl.load(a_rows + kk[None, :], mask=(rr[:, None] < MAX_RANK) & (kk[None, :] < H),
+                        other=0.0)  # [FR, BK]
+            acc += tl.sum(x.to(tl.float32)[:, None, :] * a.to(tl.float32)[None, :, :], axis=2)  # [BM, FR]
+    tl.store(out, acc, mask=mask)
 
 
 @triton.jit
@@ -274,17 +356,27 @@ def lora_shrink(x: torch.Tensor, a_stacked: tuple[torch.Tensor, ...], token_slot
         raise ValueError(f"out must be [{num_slices}, {num_tokens}, {rank}] float32, got {tuple(out.shape)} "
                          f"{out.dtype}")
     seg = _segments_for(token_slot, num_tokens, num_slots, segments)
-    out.zero_()
     if num_tokens == 0:
         return out
-    bm, bk, split_k, warps = config or shrink_config(num_tokens, hidden, num_slices)
+    bm, bk, split_k, fma_rows, warps = config or shrink_config(num_tokens, hidden, rank, num_slices)
     a0, a1, a2 = _padded(a_stacked)
-    grid = (triton.cdiv(num_tokens, bm) * split_k, num_slices, num_slots)
+    common = (seg.sorted_tokens, seg.counts, seg.starts, hidden, num_slots)
+    strides = (x.stride(0), a0.stride(0), a0.stride(1), out.stride(0), out.stride(1))
+    row_tiles = triton.cdiv(num_tokens, bm)
+    if fma_rows:
+        num_r_blocks = triton.cdiv(rank, fma_rows)
+        grid = (row_tiles * num_r_blocks, num_slices, num_slots + 1)
+        _lora_shrink_fma_kernel[grid](
+            x, a0, a1, a2, out, *common, num_r_blocks, *strides, MAX_RANK=rank, FMA_ROWS=fma_rows, BLOCK_M=bm,
+            BLOCK_K=bk, num_warps=warps, **pdl_options(x))
+        return out
+    if split_k > 1:
+        out.zero_()  # the split programs add their parts into it
+    grid = (row_tiles * split_k, num_slices, num_slots + 1)
     cpu = x.device.type == "cpu"  # Triton runs on CPU tensors only in its interpreter
     _lora_shrink_kernel[grid](
-        x, a0, a1, a2, out, seg.sorted_tokens, seg.counts, seg.starts, hidden, x.stride(0), a0.stride(0),
-        a0.stride(1), out.stride(0), out.stride(1), MAX_RANK=rank, BLOCK_R=_block_r(rank), BLOCK_M=bm,
-        BLOCK_K=bk, SPLIT_K=split_k, DOT_F32=cpu and x.dtype != torch.float32, IEEE=x.dtype == torch.float32,
+        x, a0, a1, a2, out, *common, *strides, MAX_RANK=rank, BLOCK_R=_block_r(rank), BLOCK_M=bm, BLOCK_K=bk,
+        SPLIT_K=split_k, DOT_F32=cpu and x.dtype != torch.float32, IEEE=x.dtype == torch.float32,
         num_warps=warps, **pdl_options(x))
     return out
 
