@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.kernels.lora import ExpandConfig, ShrinkConfig, lora_expand, lora_shrink, shrink_config
+from minivllm.kernels.lora import lora_expand, lora_shrink
+from minivllm.kernels.lora_config import ExpandConfig, ShrinkConfig, shrink_config
 from minivllm.kernels.lora_segments import lora_segments
 from tests.helpers.kernel_checks import gpu_rounding_in_interpreter
 from tests.helpers.lora_cases import check_expand, check_shrink, lora_case, random_slots, shrink_out

@@ -70,7 +70,8 @@ def lora_call(rows: int, hidden: int, widths: tuple[int, ...], rank: int, slots:
               dtype: torch.dtype, shrink_cfg, expand_cfg, dev: str = "cuda", copies: int | None = None):
     """``(base, shrink, expand, both, segments)``: zero-argument calls for one layer, cycling over weights
     (``dev`` "cpu": Triton's interpreter, for the script's own test; ``copies``: that many weight copies)."""
-    from minivllm.kernels.lora import ExpandConfig, ShrinkConfig, lora_expand, lora_shrink
+    from minivllm.kernels.lora import lora_expand, lora_shrink
+    from minivllm.kernels.lora_config import ExpandConfig, ShrinkConfig
     from minivllm.kernels.lora_segments import lora_segments
 
     el = torch.finfo(dtype).bits // 8

@@ -9,7 +9,7 @@ token count and number of slots, ``(row tiles x other tiles, slices, slots)``; a
 tokens than its row tile starts at returns at once, so no host sync is needed and a captured CUDA graph
 replays with any slot mapping.
 
-- shrink, its ``A`` walk over ``H`` spread three ways by the batch's token count (:func:`shrink_config`):
+- shrink, its ``A`` walk over ``H`` spread three ways by the batch's token count (minivllm/kernels/lora_config.py):
   few tokens (a decode step), the FMA variant: each program takes ``fma_rows`` rows of its slot's ``A`` (of one
   slice) for its slot's tokens, float32 FMAs; more tokens, the MMA variant: each program gathers up to
   ``BLOCK_M`` tokens of its slot and multiplies them by all ``R`` rows of ``A`` on the tensor cores, its ``H``
@@ -26,70 +26,16 @@ rounded to ``b``'s dtype first); float32 inputs use IEEE float32 products (no TF
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.lora_config import ExpandConfig, ShrinkConfig, expand_config, shrink_config
 from minivllm.kernels.lora_segments import LoRASegments, lora_segments
 from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 MAX_SLICES = 3  # a plain linear layer 1, gate-up 2, QKV 3
-FMA_MAX_TOKENS = 16  # the shrink's FMA variant up to this many tokens in the batch
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-class ShrinkConfig(NamedTuple):
-    """Tiles of the shrink: tokens and ``H`` per step, programs sharing one ``H`` walk (MMA variant), rank rows
-    a program (``fma_rows`` > 0: the FMA variant, ``split_k`` 1), warps."""
-
-    block_m: int
-    block_k: int
-    split_k: int
-    fma_rows: int
-    num_warps: int
-
-
-class ExpandConfig(NamedTuple):
-    """Tiles of the expand kernel: tokens and output columns per program, warps."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-
-
-def _block_m(num_tokens: int) -> int:
-    """Rows of a token tile: 16 (the smallest ``tl.dot`` tile) up to 64, by the batch's token count."""
-    return min(64, max(16, triton.next_power_of_2(num_tokens)))
-
-
-def shrink_config(num_tokens: int, hidden: int, rank: int, num_slices: int) -> ShrinkConfig:
-    """The shrink's variant and tiles for ``num_tokens`` tokens (see the module docstring).
-
-    Up to ``FMA_MAX_TOKENS`` tokens: FMAs, the rank rows spread over at least 64 programs per slot where the
-    rank allows. Above: the tensor cores, ``H`` split over up to 64 programs per slot while the row tiles and
-    slices alone give fewer.
-    """
-    if num_tokens <= FMA_MAX_TOKENS:
-        bm = triton.next_power_of_2(max(1, num_tokens))
-        rows = 1
-        while rank % (2 * rows) == 0 and rank // (2 * rows) * num_slices >= 64:
-            rows *= 2
-        return ShrinkConfig(bm, max(32, min(512, 4096 // (bm * rows))), 1, rows, 4)
-    bm = _block_m(num_tokens)
-    bk = 128 if num_tokens <= 64 else 64
-    k_steps = triton.cdiv(hidden, bk)
-    row_tiles = triton.cdiv(num_tokens, bm)
-    split_k = 1
-    while split_k * 2 <= k_steps and split_k * row_tiles * num_slices < 64:
-        split_k *= 2
-    return ShrinkConfig(bm, bk, split_k, 0, 4)
-
-
-def expand_config(num_tokens: int, max_cols: int, num_slices: int) -> ExpandConfig:
-    """The expand's tiles: 128 output columns a program (64 for narrow slices)."""
-    return ExpandConfig(_block_m(num_tokens), 64 if max_cols <= 1024 else 128, 4)
 
 
 @triton.jit
@@ -412,7 +358,7 @@ def lora_expand(shrunk: torch.Tensor, b_stacked: tuple[torch.Tensor, ...], token
     seg = _segments_for(token_slot, num_tokens, num_slots, segments)
     if num_tokens == 0:
         return y
-    bm, bn, warps = config or expand_config(num_tokens, max(widths), num_slices)
+    bm, bn, warps = config or expand_config(num_tokens, max(widths))
     num_n_tiles = triton.cdiv(max(widths), bn)
     b0, b1, b2 = _padded(b_stacked)
     n0, n1, n2 = widths + (0,) * (MAX_SLICES - num_slices)
