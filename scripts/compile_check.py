@@ -146,19 +146,14 @@ NORM_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32", 
 LORA_INDEX = {"sorted_ptr": "*i32", "counts_ptr": "*i32", "starts_ptr": "*i32"}
 
 
-def _lora_shrink(dtype: str, rank: int, split_k: int) -> tuple:
+def _lora_shrink(dtype: str, rank: int, split_k: int, fma_rows: int = 0) -> tuple:
     ptrs = dict.fromkeys(("x_ptr", "a0_ptr", "a1_ptr", "a2_ptr"), f"*{dtype}")
-    consts = {"MAX_RANK": rank, "BLOCK_R": max(16, rank), "BLOCK_M": 16, "BLOCK_K": 128, "SPLIT_K": split_k,
-              "DOT_F32": False, "IEEE": dtype == "fp32", "USE_PDL": True}
-    return (f"LoRA shrink, {dtype}, rank {rank}, split-K {split_k} (PDL)", lora._lora_shrink_kernel,
+    consts = {"MAX_RANK": rank, "BLOCK_R": fma_rows or max(16, rank), "BLOCK_M": 1 if fma_rows else 16,
+              "BLOCK_K": 512 if fma_rows else 128, "SPLIT_K": split_k, "FMA": fma_rows > 0, "DOT_F32": False,
+              "IEEE": dtype == "fp32", "USE_PDL": True}
+    variant = f"FMA, {fma_rows} rank row(s) a program" if fma_rows else f"split-K {split_k}"
+    return (f"LoRA shrink, {dtype}, rank {rank}, {variant} (PDL)", lora._lora_shrink_kernel,
             _ints(lora._lora_shrink_kernel, {**ptrs, **LORA_INDEX, "out_ptr": "*fp32"}, consts), consts)
-
-
-def _lora_shrink_fma(dtype: str, rank: int, rows: int) -> tuple:
-    ptrs = dict.fromkeys(("x_ptr", "a0_ptr", "a1_ptr", "a2_ptr"), f"*{dtype}")
-    consts = {"MAX_RANK": rank, "FMA_ROWS": rows, "BLOCK_M": 1, "BLOCK_K": 512, "USE_PDL": True}
-    return (f"LoRA shrink, FMA, {dtype}, rank {rank}, {rows} rank row(s) a program (PDL)", lora._lora_shrink_fma_kernel,
-            _ints(lora._lora_shrink_fma_kernel, {**ptrs, **LORA_INDEX, "out_ptr": "*fp32"}, consts), consts)
 
 
 def _lora_expand(dtype: str, rank: int, bm: int) -> tuple:
@@ -172,7 +167,7 @@ def _lora_expand(dtype: str, rank: int, bm: int) -> tuple:
 LORA_KERNELS = [
     *[_lora_shrink(dtype, rank, split_k) for dtype in ("bf16", "fp16") for rank in (8, 64) for split_k in (1, 16)],
     _lora_shrink("fp32", 16, 4),
-    *[_lora_shrink_fma(dtype, rank, rows) for dtype in ("bf16", "fp32") for rank, rows in ((16, 1), (64, 4))],
+    *[_lora_shrink(dtype, rank, 1, rows) for dtype in ("bf16", "fp32") for rank, rows in ((16, 1), (64, 4))],
     *[_lora_expand(dtype, rank, bm) for dtype in ("bf16", "fp16") for rank in (8, 64) for bm in (16, 64)],
     _lora_expand("fp32", 16, 64),
 ]

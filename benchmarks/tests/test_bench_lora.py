@@ -4,22 +4,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "kernels" / "bench_lora.py"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_lora", ROOT / "benchmarks" / "kernels" / "bench_lora.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _script() -> SimpleNamespace:
+    """The script's functions, without running its ``main``."""
+    return SimpleNamespace(**runpy.run_path(str(SCRIPT)))
 
 
 def test_layer_shapes_and_configs():
@@ -37,13 +37,11 @@ def test_layer_shapes_and_configs():
 
 # NOTE: run in a fresh process: Triton reads TRITON_INTERPRET when the kernels are defined (at import)
 DRIVER = """
-import importlib.util, sys
+import runpy, sys
 import torch
-spec = importlib.util.spec_from_file_location("bench_lora", sys.argv[1])
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
-base, shrink, expand, both, segments = bench.lora_call(5, 64, (32, 16, 16), 8, 4, 3, torch.float32, None,
-                                                       (16, 32, 4), dev="cpu", copies=2)
+lora_call = runpy.run_path(sys.argv[1])["lora_call"]
+base, shrink, expand, both, segments = lora_call(5, 64, (32, 16, 16), 8, 4, 3, torch.float32, None,
+                                                 (16, 32, 4), dev="cpu", copies=2)
 assert base().shape == (5, 64)
 assert segments().counts.tolist() == [2, 2, 1, 0, 0]  # tokens 0..4 over slots 0, 1, 2; none of the base model
 for call in (shrink, expand, both):
@@ -57,6 +55,6 @@ print("calls ran")
 def test_one_layers_calls_run_in_the_interpreter():
     """The base GEMM, the shrink, the expand, both, and the slot grouping of one layer, on the CPU."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(ROOT / "benchmarks" / "kernels" / "bench_lora.py")],
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(SCRIPT)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0 and "calls ran" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

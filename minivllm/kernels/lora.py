@@ -72,6 +72,7 @@ def _lora_shrink_kernel(
     starts_ptr,  # [S + 1] int32
     H,
     num_slots,
+    num_inner,  # programs per row tile: SPLIT_K, or (FMA) the rank's blocks of BLOCK_R rows
     stride_xm,
     stride_a_slot,
     stride_a_row,
@@ -82,99 +83,55 @@ def _lora_shrink_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    FMA: tl.constexpr,
     DOT_F32: tl.constexpr,
     IEEE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """The MMA variant: all ``R`` rank columns of ``BLOCK_M`` tokens a program, 1/SPLIT_K of the ``H`` walk."""
+    """``BLOCK_M`` tokens of a slot a program. MMA variant (``FMA`` False): all the rank's columns
+    (``BLOCK_R`` >= R) on the tensor cores, 1/SPLIT_K of the ``H`` walk. FMA variant: ``BLOCK_R`` rank rows,
+    the whole ``H`` walk in float32 FMAs."""
     pdl_wait(USE_PDL)
-    pid_m = tl.program_id(0) // SPLIT_K
-    pid_k = tl.program_id(0) % SPLIT_K
+    pid_m = tl.program_id(0) // num_inner
+    pid_inner = tl.program_id(0) % num_inner
     pid_slice = tl.program_id(1)
     slot = tl.program_id(2)  # num_slots: the base model's tokens
     if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
         return  # a slot absent from the batch, or a row tile past its tokens
     tokens, real = _slot_rows(sorted_ptr, counts_ptr, starts_ptr, slot, pid_m, BLOCK_M)
-    rr = tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    if FMA:
+        rr = pid_inner * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
+        k_first = 0
+    else:
+        rr = tl.arange(0, BLOCK_R)  # [BLOCK_R]
+        k_first = pid_inner * BLOCK_K
     out = out_ptr + pid_slice * stride_out_slice + tokens[:, None] * stride_out_t + rr[None, :]  # [BM, BR]
     mask = real[:, None] & (rr[None, :] < MAX_RANK)
     acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-    if slot == num_slots:
-        if pid_k == 0:
-            tl.store(out, acc, mask=mask)  # the base model's rows: zeros
-        return
-    a_ptr = _slice_ptr(a0_ptr, a1_ptr, a2_ptr, pid_slice)
-    rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    x_rows = x_ptr + tokens[:, None] * stride_xm  # [BLOCK_M, 1]
-    a_rows = a_ptr + slot.to(tl.int64) * stride_a_slot + rr[:, None] * stride_a_row  # [BLOCK_R, 1]
-    for k in range(pid_k * BLOCK_K, H, SPLIT_K * BLOCK_K):
-        kk = k + rk  # [BLOCK_K]
-        x = tl.load(x_rows + kk[None, :], mask=real[:, None] & (kk[None, :] < H), other=0.0)  # [BM, BK]
-        a = tl.load(a_rows + kk[None, :], mask=(rr[:, None] < MAX_RANK) & (kk[None, :] < H),
-                    other=0.0)  # [BR, BK]
-        if DOT_F32:  # the interpreter's bf16/fp16 dot is wrong; float32 tiles there
-            x = x.to(tl.float32)
-            a = a.to(tl.float32)
-        if IEEE:
-            acc += tl.dot(x, tl.trans(a), input_precision="ieee")  # [BM, BR]
-        else:
-            acc += tl.dot(x, tl.trans(a))  # [BM, BR]
-    if SPLIT_K == 1:
-        tl.store(out, acc, mask=mask)
-    else:
-        tl.atomic_add(out, acc, mask=mask, sem="relaxed")
-
-
-@triton.jit
-def _lora_shrink_fma_kernel(
-    x_ptr,  # [T, H]
-    a0_ptr,  # [S, R, H]: slice 0
-    a1_ptr,  # [S, R, H]: slice 1 (slice 0 again when absent)
-    a2_ptr,  # [S, R, H]: slice 2 (slice 0 again when absent)
-    out_ptr,  # [num_slices, T, R] float32
-    sorted_ptr,  # [T] int32: token indices, slot by slot, the base model's last
-    counts_ptr,  # [S + 1] int32
-    starts_ptr,  # [S + 1] int32
-    H,
-    num_slots,
-    num_r_blocks,
-    stride_xm,
-    stride_a_slot,
-    stride_a_row,
-    stride_out_slice,
-    stride_out_t,
-    MAX_RANK: tl.constexpr,
-    FMA_ROWS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """The FMA variant, for a few tokens: ``FMA_ROWS`` rank rows of ``BLOCK_M`` tokens a program, the whole
-    ``H`` walk in float32 FMAs (more programs per slot than the MMA variant's one rank tile)."""
-    pdl_wait(USE_PDL)
-    pid_m = tl.program_id(0) // num_r_blocks
-    pid_r = tl.program_id(0) % num_r_blocks
-    pid_slice = tl.program_id(1)
-    slot = tl.program_id(2)  # num_slots: the base model's tokens
-    if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
-        return  # a slot absent from the batch, or a row tile past its tokens
-    tokens, real = _slot_rows(sorted_ptr, counts_ptr, starts_ptr, slot, pid_m, BLOCK_M)
-    rr = pid_r * FMA_ROWS + tl.arange(0, FMA_ROWS)  # [FMA_ROWS]
-    out = out_ptr + pid_slice * stride_out_slice + tokens[:, None] * stride_out_t + rr[None, :]  # [BM, FR]
-    mask = real[:, None] & (rr[None, :] < MAX_RANK)
-    acc = tl.zeros([BLOCK_M, FMA_ROWS], dtype=tl.float32)
     if slot < num_slots:  # else the base model's rows: zeros
         a_ptr = _slice_ptr(a0_ptr, a1_ptr, a2_ptr, pid_slice)
         rk = tl.arange(0, BLOCK_K)  # [BLOCK_K]
         x_rows = x_ptr + tokens[:, None] * stride_xm  # [BLOCK_M, 1]
-        a_rows = a_ptr + slot.to(tl.int64) * stride_a_slot + rr[:, None] * stride_a_row  # [FMA_ROWS, 1]
-        for k in range(0, H, BLOCK_K):
+        a_rows = a_ptr + slot.to(tl.int64) * stride_a_slot + rr[:, None] * stride_a_row  # [BLOCK_R, 1]
+        for k in range(k_first, H, SPLIT_K * BLOCK_K):
             kk = k + rk  # [BLOCK_K]
             x = tl.load(x_rows + kk[None, :], mask=real[:, None] & (kk[None, :] < H), other=0.0)  # [BM, BK]
             a = tl.load(a_rows + kk[None, :], mask=(rr[:, None] < MAX_RANK) & (kk[None, :] < H),
-                        other=0.0)  # [FR, BK]
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * a.to(tl.float32)[None, :, :], axis=2)  # [BM, FR]
-    tl.store(out, acc, mask=mask)
+                        other=0.0)  # [BR, BK]
+            if FMA:
+                acc += tl.sum(x.to(tl.float32)[:, None, :] * a.to(tl.float32)[None, :, :], axis=2)  # [BM, BR]
+            else:
+                if DOT_F32:  # the interpreter's bf16/fp16 dot is wrong; float32 tiles there
+                    x = x.to(tl.float32)
+                    a = a.to(tl.float32)
+                if IEEE:
+                    acc += tl.dot(x, tl.trans(a), input_precision="ieee")  # [BM, BR]
+                else:
+                    acc += tl.dot(x, tl.trans(a))  # [BM, BR]
+    if SPLIT_K == 1:
+        tl.store(out, acc, mask=mask)
+    elif slot < num_slots:  # out was zeroed: the base model's rows are already
+        tl.atomic_add(out, acc, mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -306,24 +263,19 @@ def lora_shrink(x: torch.Tensor, a_stacked: tuple[torch.Tensor, ...], token_slot
         return out
     bm, bk, split_k, fma_rows, warps = config or shrink_config(num_tokens, hidden, rank, num_slices)
     a0, a1, a2 = _padded(a_stacked)
-    common = (seg.sorted_tokens, seg.counts, seg.starts, hidden, num_slots)
-    strides = (x.stride(0), a0.stride(0), a0.stride(1), out.stride(0), out.stride(1))
-    row_tiles = triton.cdiv(num_tokens, bm)
     if fma_rows:
-        num_r_blocks = triton.cdiv(rank, fma_rows)
-        grid = (row_tiles * num_r_blocks, num_slices, num_slots + 1)
-        _lora_shrink_fma_kernel[grid](
-            x, a0, a1, a2, out, *common, num_r_blocks, *strides, MAX_RANK=rank, FMA_ROWS=fma_rows, BLOCK_M=bm,
-            BLOCK_K=bk, num_warps=warps, **pdl_options(x))
-        return out
+        split_k, block_r, num_inner = 1, fma_rows, triton.cdiv(rank, fma_rows)
+    else:
+        block_r, num_inner = _block_r(rank), split_k
     if split_k > 1:
         out.zero_()  # the split programs add their parts into it
-    grid = (row_tiles * split_k, num_slices, num_slots + 1)
+    grid = (triton.cdiv(num_tokens, bm) * num_inner, num_slices, num_slots + 1)
     cpu = x.device.type == "cpu"  # Triton runs on CPU tensors only in its interpreter
     _lora_shrink_kernel[grid](
-        x, a0, a1, a2, out, *common, *strides, MAX_RANK=rank, BLOCK_R=_block_r(rank), BLOCK_M=bm, BLOCK_K=bk,
-        SPLIT_K=split_k, DOT_F32=cpu and x.dtype != torch.float32, IEEE=x.dtype == torch.float32,
-        num_warps=warps, **pdl_options(x))
+        x, a0, a1, a2, out, seg.sorted_tokens, seg.counts, seg.starts, hidden, num_slots, num_inner, x.stride(0),
+        a0.stride(0), a0.stride(1), out.stride(0), out.stride(1), MAX_RANK=rank, BLOCK_R=block_r, BLOCK_M=bm,
+        BLOCK_K=bk, SPLIT_K=split_k, FMA=fma_rows > 0, DOT_F32=cpu and x.dtype != torch.float32,
+        IEEE=x.dtype == torch.float32, num_warps=warps, **pdl_options(x))
     return out
 
 
