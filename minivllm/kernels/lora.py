@@ -1,5 +1,6 @@
 """Multi-LoRA shrink and expand in Triton: a batch's tokens of several adapters (and of the base model) in
-two launches per LoRA layer, segmented by adapter slot (Punica's and S-LoRA's segmented gather matmul).
+two launches per LoRA layer, segmented by adapter slot (Punica's and S-LoRA's segmented gather matmul;
+docs/lora-kernels.md).
 
 The ops have the signatures and semantics of the torch reference (minivllm/kernels/lora_torch.py: slots of
 ``a`` ``[S, R, H]`` and ``b`` ``[S, N_i, R]`` per slice, ranks zero-padded to ``R``, scaling folded into ``b``,
