@@ -136,6 +136,15 @@ def test_expand_writes_only_its_slices_columns():
     check_expand(big[:, 8:168], before[:, 8:168], out, shifted)
 
 
+def test_shrink_reads_strided_rows():
+    """``x`` a view with rows 160 apart (a slice of a wider activation)."""
+    case = lora_case(11, 96, QKV, 16, 3, 2, torch.bfloat16, seed=4)
+    wide = torch.randn(11, 160, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    wide[:, 32:128] = case.x
+    strided = case._replace(x=wide[:, 32:128])
+    check_shrink(lora_shrink(strided.x, case.a_stacked, case.token_slot, shrink_out(case)), strided)
+
+
 def test_zero_tokens():
     case = lora_case(0, 64, QKV, 8, 2, 1, torch.bfloat16)
     out, y0, y = _run(case)
@@ -158,6 +167,8 @@ def test_bad_arguments_are_rejected_by_name():
         lora_shrink(x, a, slots[:3], out)
     with pytest.raises(ValueError, match="token_slot values"):
         lora_shrink(x, a, torch.tensor([0, 1, 2, -1], dtype=torch.int32), out)
+    with pytest.raises(ValueError, match="the activations' device"):
+        lora_shrink(x, a, slots.to("meta"), out)
     with pytest.raises(ValueError, match="segments are for"):
         lora_shrink(x, a, slots, out, segments=lora_segments(slots, 5))
     y = torch.zeros(4, 160, dtype=torch.bfloat16)

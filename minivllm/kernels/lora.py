@@ -215,11 +215,14 @@ def _check_slices(name: str, stacked, num_slots: int, rank_dim: int, dtype: torc
     return rank
 
 
-def _segments_for(token_slot: torch.Tensor, num_tokens: int, num_slots: int,
-                  segments: LoRASegments | None) -> LoRASegments:
+def _segments_for(token_slot: torch.Tensor, num_tokens: int, num_slots: int, segments: LoRASegments | None,
+                  device: torch.device) -> LoRASegments:
     """``segments`` checked against the batch, or built from ``token_slot`` when not given."""
     if token_slot.shape != (num_tokens,):
         raise ValueError(f"token_slot must be [{num_tokens}] (one slot per token), got {tuple(token_slot.shape)}")
+    if token_slot.device != device or (segments is not None and segments.sorted_tokens.device != device):
+        raise ValueError(f"token_slot and segments must be on the activations' device {device}, got "
+                         f"{token_slot.device}")
     if segments is None:
         return lora_segments(token_slot, num_slots)
     if segments.num_slots != num_slots or segments.sorted_tokens.shape != (num_tokens,):
@@ -259,7 +262,7 @@ def lora_shrink(x: torch.Tensor, a_stacked: tuple[torch.Tensor, ...], token_slot
     if out.shape != (num_slices, num_tokens, rank) or out.dtype != torch.float32 or out.stride(2) != 1:
         raise ValueError(f"out must be [{num_slices}, {num_tokens}, {rank}] float32, got {tuple(out.shape)} "
                          f"{out.dtype}")
-    seg = _segments_for(token_slot, num_tokens, num_slots, segments)
+    seg = _segments_for(token_slot, num_tokens, num_slots, segments, x.device)
     if num_tokens == 0:
         return out
     bm, bk, split_k, fma_rows, warps = config or shrink_config(num_tokens, hidden, rank, num_slices)
@@ -308,7 +311,7 @@ def lora_expand(shrunk: torch.Tensor, b_stacked: tuple[torch.Tensor, ...], token
             or any(offsets[i + 1] - offsets[i] != widths[i] for i in range(num_slices))):
         raise ValueError(f"slice_offsets must be {num_slices + 1} column offsets into y's {y.shape[1]} columns "
                          f"with slice widths {widths}, got {offsets}")
-    seg = _segments_for(token_slot, num_tokens, num_slots, segments)
+    seg = _segments_for(token_slot, num_tokens, num_slots, segments, y.device)
     if num_tokens == 0:
         return y
     bm, bn, warps = config or expand_config(num_tokens, max(widths))
