@@ -150,7 +150,7 @@ def _lora_shrink(dtype: str, rank: int, split_k: int, fma_rows: int = 0) -> tupl
     ptrs = dict.fromkeys(("x_ptr", "a0_ptr", "a1_ptr", "a2_ptr"), f"*{dtype}")
     consts = {"MAX_RANK": rank, "BLOCK_R": fma_rows or max(16, rank), "BLOCK_M": 1 if fma_rows else 16,
               "BLOCK_K": 512 if fma_rows else 128, "SPLIT_K": split_k, "FMA": fma_rows > 0, "DOT_F32": False,
-              "IEEE": dtype == "fp32", "USE_PDL": True}
+              "IEEE": dtype == "fp32", "G_PAD": 16, "USE_PDL": True}  # 8 slots and the base model
     variant = f"FMA, {fma_rows} rank row(s) a program" if fma_rows else f"split-K {split_k}"
     return (f"LoRA shrink, {dtype}, rank {rank}, {variant} (PDL)", lora._lora_shrink_kernel,
             _ints(lora._lora_shrink_kernel, {**ptrs, **LORA_INDEX, "out_ptr": "*fp32"}, consts), consts)
@@ -159,7 +159,7 @@ def _lora_shrink(dtype: str, rank: int, split_k: int, fma_rows: int = 0) -> tupl
 def _lora_expand(dtype: str, rank: int, bm: int) -> tuple:
     ptrs = dict.fromkeys(("b0_ptr", "b1_ptr", "b2_ptr", "y_ptr"), f"*{dtype}")
     consts = {"MAX_RANK": rank, "BLOCK_R": max(16, rank), "BLOCK_M": bm, "BLOCK_N": 128, "DOT_F32": False,
-              "IEEE": dtype == "fp32", "USE_PDL": True}
+              "IEEE": dtype == "fp32", "G_PAD": 8, "USE_PDL": True}
     return (f"LoRA expand, {dtype}, rank {rank}, {bm}-row tile (PDL)", lora._lora_expand_kernel,
             _ints(lora._lora_expand_kernel, {**ptrs, **LORA_INDEX, "s_ptr": "*fp32"}, consts), consts)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.kernels.lora import lora_expand, lora_shrink
+from minivllm.kernels.lora import lora_expand, lora_shrink, max_row_tiles
 from minivllm.kernels.lora_config import ExpandConfig, ShrinkConfig, shrink_config
 from minivllm.kernels.lora_segments import lora_segments
 from tests.helpers.kernel_checks import gpu_rounding_in_interpreter
@@ -82,6 +82,19 @@ def test_shrink_variants_and_small_tiles(variant):
     split_k, fma_rows = variant
     case = lora_case(21, 100, QKV, 12, 3, 3, torch.bfloat16, seed=split_k + fma_rows)
     _check(case, shrink_cfg=ShrinkConfig(16, 32, split_k, fma_rows, 4), expand_cfg=ExpandConfig(16, 32, 4))
+
+
+@pytest.mark.parametrize("fma_rows", [0, 4], ids=["mma", "fma"])
+def test_every_run_ending_in_a_partial_tile(fma_rows):
+    """The mapping that needs the most row tiles: 8 slots and the base model, each run one token past a
+    multiple of the tile (the grid's bound exactly); and a single slot."""
+    case = lora_case(25, 64, GATE_UP, 8, 8, 8, torch.float32, seed=9)
+    slots = torch.tensor([0] * 17 + [1, 2, 3, 4, 5, 6, 7, -1], dtype=torch.int32)
+    assert max_row_tiles(25, 16, 9) == 2 + 8  # slot 0 two tiles, the other 8 groups one each
+    _check(case._replace(token_slot=slots[torch.randperm(25, generator=torch.Generator().manual_seed(0))]),
+           shrink_cfg=ShrinkConfig(16, 32, 1, fma_rows, 4), expand_cfg=ExpandConfig(16, 32, 4))
+    one = lora_case(7, 64, (48,), 16, 1, 1, torch.float32, seed=3)
+    _check(one, shrink_cfg=ShrinkConfig(16, 32, 1, fma_rows, 4))
 
 
 def test_default_shrink_config_by_token_count():

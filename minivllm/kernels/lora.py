@@ -5,18 +5,20 @@ docs/lora-kernels.md).
 The ops have the signatures and semantics of the torch reference (minivllm/kernels/lora_torch.py: slots of
 ``a`` ``[S, R, H]`` and ``b`` ``[S, N_i, R]`` per slice, ranks zero-padded to ``R``, scaling folded into ``b``,
 token slot -1 for the base model). Tokens are grouped by slot on the device (minivllm/kernels/lora_segments.py;
-once a step when the runner passes ``segments``, else in each call). Both grids have a fixed size for a given
-token count and number of slots, ``(row tiles x other tiles, slices, slots)``; a program whose slot has fewer
-tokens than its row tile starts at returns at once, so no host sync is needed and a captured CUDA graph
-replays with any slot mapping.
+once a step when the runner passes ``segments``, else in each call). A grid's first axis runs over the
+batch's row tiles, each slot's run of tokens cut in tiles one slot after another (times the column tiles or
+the ``H`` split); a program finds its slot and tile from the slots' token counts, and the grid is sized for
+the most tiles any mapping of the batch's tokens can need (each slot's run ends in at most one partial tile),
+so its size depends on the shapes alone: no host sync, and a captured CUDA graph replays with any slot
+mapping; programs past the batch's tiles return at once.
 
 - shrink, its ``A`` walk over ``H`` spread three ways by the batch's token count (minivllm/kernels/lora_config.py):
   few tokens (a decode step), the FMA variant: each program takes ``fma_rows`` rows of its slot's ``A`` (of one
   slice) for its slot's tokens, float32 FMAs; more tokens, the MMA variant: each program gathers up to
   ``BLOCK_M`` tokens of its slot and multiplies them by all ``R`` rows of ``A`` on the tensor cores, its ``H``
   walk split over ``SPLIT_K`` programs that add their parts atomically into a zeroed ``out`` while the row tiles
-  alone leave the GPU idle. Without a split, the programs of an extra group past the slots write the base
-  model's zero rows, so that ``out`` needs no separate zeroing.
+  alone leave the GPU idle. Without a split, the programs of the base model's tiles (its run comes last) write
+  its zero rows, so that ``out`` needs no separate zeroing.
 - expand: each program takes ``BLOCK_M`` tokens of its slot and ``BLOCK_N`` columns of one slice, one
   ``[BLOCK_M, R] @ [R, BLOCK_N]`` product, and adds it into those columns of ``y`` in place (a token's
   columns belong to exactly one program: no atomics).
@@ -37,6 +39,18 @@ from minivllm.kernels.pdl import pdl_options, pdl_wait
 
 MAX_SLICES = 3  # a plain linear layer 1, gate-up 2, QKV 3
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _tile_slot(counts_ptr, tile, num_groups, BLOCK_M: tl.constexpr, G_PAD: tl.constexpr):
+    """``(slot, pid_m)``: the group (slot, or ``num_slots`` for the base model) whose run holds the batch's row
+    tile ``tile`` when each of the first ``num_groups`` groups' runs is cut in tiles of ``BLOCK_M`` tokens, one
+    group after another, and its tile index there; slot ``num_groups`` for a tile past the last run."""
+    g = tl.arange(0, G_PAD)  # [G_PAD]
+    tiles = tl.cdiv(tl.load(counts_ptr + g, mask=g < num_groups, other=0), BLOCK_M)  # [G_PAD]
+    end = tl.where(g < num_groups, tl.cumsum(tiles, 0), 1 << 30)  # [G_PAD]: padding lanes never end
+    slot = tl.sum((end <= tile).to(tl.int32), 0)
+    return slot, tile - tl.sum(tl.where(g < slot, tiles, 0), 0)
 
 
 @triton.jit
@@ -87,18 +101,19 @@ def _lora_shrink_kernel(
     FMA: tl.constexpr,
     DOT_F32: tl.constexpr,
     IEEE: tl.constexpr,
+    G_PAD: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """``BLOCK_M`` tokens of a slot a program. MMA variant (``FMA`` False): all the rank's columns
     (``BLOCK_R`` >= R) on the tensor cores, 1/SPLIT_K of the ``H`` walk. FMA variant: ``BLOCK_R`` rank rows,
     the whole ``H`` walk in float32 FMAs."""
     pdl_wait(USE_PDL)
-    pid_m = tl.program_id(0) // num_inner
     pid_inner = tl.program_id(0) % num_inner
     pid_slice = tl.program_id(1)
-    slot = tl.program_id(2)  # num_slots: the base model's tokens
-    if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
-        return  # a slot absent from the batch, or a row tile past its tokens
+    # num_slots: the base model's tokens
+    slot, pid_m = _tile_slot(counts_ptr, tl.program_id(0) // num_inner, num_slots + 1, BLOCK_M, G_PAD)
+    if slot > num_slots:
+        return  # a tile past the batch's (the grid is sized for the most tiles any mapping needs)
     tokens, real = _slot_rows(sorted_ptr, counts_ptr, starts_ptr, slot, pid_m, BLOCK_M)
     if FMA:
         rr = pid_inner * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
@@ -152,6 +167,7 @@ def _lora_expand_kernel(
     stride_s_slice,
     stride_s_t,
     stride_ym,
+    num_slots,
     num_n_tiles,
     MAX_RANK: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -159,16 +175,16 @@ def _lora_expand_kernel(
     BLOCK_N: tl.constexpr,
     DOT_F32: tl.constexpr,
     IEEE: tl.constexpr,
+    G_PAD: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_wait(USE_PDL)
     # the column tiles of one row tile are neighbours in launch order: its shrunk rows stay in L2
-    pid_m = tl.program_id(0) // num_n_tiles
     pid_n = tl.program_id(0) % num_n_tiles
     pid_slice = tl.program_id(1)
-    slot = tl.program_id(2)
-    if pid_m * BLOCK_M >= tl.load(counts_ptr + slot):
-        return  # a slot absent from the batch, or a row tile past its tokens
+    slot, pid_m = _tile_slot(counts_ptr, tl.program_id(0) // num_n_tiles, num_slots, BLOCK_M, G_PAD)
+    if slot >= num_slots:
+        return  # a tile past the slots' runs (the grid is sized for the most tiles any mapping needs)
     b_ptr, n, off, stride_slot, stride_row = b0_ptr, n0, off0, stride_b0_slot, stride_b0_row
     if pid_slice == 1:
         b_ptr, n, off, stride_slot, stride_row = b1_ptr, n1, off1, stride_b1_slot, stride_b1_row
@@ -236,6 +252,17 @@ def _padded(stacked: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(stacked) + (stacked[0],) * (MAX_SLICES - len(stacked))
 
 
+def max_row_tiles(num_tokens: int, block_m: int, num_groups: int) -> int:
+    """The most row tiles ``num_tokens`` tokens over ``num_groups`` groups' runs can take, whatever the mapping:
+    each nonempty run ends in at most one partial tile."""
+    return num_tokens // block_m + min(num_groups, num_tokens)
+
+
+def _groups_pad(num_groups: int) -> int:
+    """The lanes of the kernels' per-group vectors: ``num_groups`` rounded up to a power of two, at least 2."""
+    return max(2, triton.next_power_of_2(num_groups))
+
+
 def _block_r(rank: int) -> int:
     """The rank tile: the padded rank rounded up to a power of two, at least 16 (``tl.dot``'s smallest)."""
     return max(16, triton.next_power_of_2(rank))
@@ -273,13 +300,13 @@ def lora_shrink(x: torch.Tensor, a_stacked: tuple[torch.Tensor, ...], token_slot
         block_r, num_inner = _block_r(rank), split_k
     if split_k > 1:
         out.zero_()  # the split programs add their parts into it
-    grid = (triton.cdiv(num_tokens, bm) * num_inner, num_slices, num_slots + 1)
+    grid = (max_row_tiles(num_tokens, bm, num_slots + 1) * num_inner, num_slices)
     cpu = x.device.type == "cpu"  # Triton runs on CPU tensors only in its interpreter
     _lora_shrink_kernel[grid](
         x, a0, a1, a2, out, seg.sorted_tokens, seg.counts, seg.starts, hidden, num_slots, num_inner, x.stride(0),
         a0.stride(0), a0.stride(1), out.stride(0), out.stride(1), MAX_RANK=rank, BLOCK_R=block_r, BLOCK_M=bm,
         BLOCK_K=bk, SPLIT_K=split_k, FMA=fma_rows > 0, DOT_F32=cpu and x.dtype != torch.float32,
-        IEEE=x.dtype == torch.float32, num_warps=warps, **pdl_options(x))
+        IEEE=x.dtype == torch.float32, G_PAD=_groups_pad(num_slots + 1), num_warps=warps, **pdl_options(x))
     return out
 
 
@@ -319,12 +346,12 @@ def lora_expand(shrunk: torch.Tensor, b_stacked: tuple[torch.Tensor, ...], token
     b0, b1, b2 = _padded(b_stacked)
     n0, n1, n2 = widths + (0,) * (MAX_SLICES - num_slices)
     off0, off1, off2 = offsets[:num_slices] + (0,) * (MAX_SLICES - num_slices)
-    grid = (triton.cdiv(num_tokens, bm) * num_n_tiles, num_slices, num_slots)
+    grid = (max_row_tiles(num_tokens, bm, num_slots) * num_n_tiles, num_slices)
     cpu = y.device.type == "cpu"  # Triton runs on CPU tensors only in its interpreter
     _lora_expand_kernel[grid](
         shrunk, b0, b1, b2, y, seg.sorted_tokens, seg.counts, seg.starts, n0, n1, n2, off0, off1, off2,
         b0.stride(0), b1.stride(0), b2.stride(0), b0.stride(1), b1.stride(1), b2.stride(1), shrunk.stride(0),
-        shrunk.stride(1), y.stride(0), num_n_tiles, MAX_RANK=rank, BLOCK_R=_block_r(rank), BLOCK_M=bm,
-        BLOCK_N=bn, DOT_F32=cpu and b_dtype != torch.float32, IEEE=b_dtype == torch.float32, num_warps=warps,
-        **pdl_options(y))
+        shrunk.stride(1), y.stride(0), num_slots, num_n_tiles, MAX_RANK=rank, BLOCK_R=_block_r(rank), BLOCK_M=bm,
+        BLOCK_N=bn, DOT_F32=cpu and b_dtype != torch.float32, IEEE=b_dtype == torch.float32,
+        G_PAD=_groups_pad(num_slots), num_warps=warps, **pdl_options(y))
     return y
