@@ -1,4 +1,5 @@
-"""Compile the decode-path Triton kernels (and the fused MoE layer's) for a Hopper GPU (sm_90) without one.
+"""Compile the decode-path Triton kernels (and the fused MoE layer's, and the LoRA shrink and expand) for a
+Hopper GPU (sm_90) without one.
 
     python scripts/compile_check.py    (also run by tests/test_compile_check.py)
 
@@ -26,6 +27,7 @@ from minivllm.kernels import (
     fused_rope,
     gemv,
     grammar_mask,
+    lora,
     moe_align,
     moe_topk,
     paged_attention,
@@ -141,6 +143,34 @@ MOE_KERNELS = [
 AR_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "cap": "i32", "ptrs": "*i64", "counters": "*i32"}
 NORM_SIG = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "M": "i32", "D": "i32", "eps": "fp32",
             "cap": "i32", "ptrs": "*i64", "counters": "*i32"}
+LORA_INDEX = {"sorted_ptr": "*i32", "counts_ptr": "*i32", "starts_ptr": "*i32"}
+
+
+def _lora_shrink(dtype: str, rank: int, split_k: int, fma_rows: int = 0) -> tuple:
+    ptrs = dict.fromkeys(("x_ptr", "a0_ptr", "a1_ptr", "a2_ptr"), f"*{dtype}")
+    consts = {"MAX_RANK": rank, "BLOCK_R": fma_rows or max(16, rank), "BLOCK_M": 1 if fma_rows else 16,
+              "BLOCK_K": 512 if fma_rows else 128, "SPLIT_K": split_k, "FMA": fma_rows > 0, "DOT_F32": False,
+              "IEEE": dtype == "fp32", "G_PAD": 16, "USE_PDL": True}  # 8 slots and the base model
+    variant = f"FMA, {fma_rows} rank row(s) a program" if fma_rows else f"split-K {split_k}"
+    return (f"LoRA shrink, {dtype}, rank {rank}, {variant} (PDL)", lora._lora_shrink_kernel,
+            _ints(lora._lora_shrink_kernel, {**ptrs, **LORA_INDEX, "out_ptr": "*fp32"}, consts), consts)
+
+
+def _lora_expand(dtype: str, rank: int, bm: int) -> tuple:
+    ptrs = dict.fromkeys(("b0_ptr", "b1_ptr", "b2_ptr", "y_ptr"), f"*{dtype}")
+    consts = {"MAX_RANK": rank, "BLOCK_R": max(16, rank), "BLOCK_M": bm, "BLOCK_N": 128, "DOT_F32": False,
+              "IEEE": dtype == "fp32", "G_PAD": 8, "USE_PDL": True}
+    return (f"LoRA expand, {dtype}, rank {rank}, {bm}-row tile (PDL)", lora._lora_expand_kernel,
+            _ints(lora._lora_expand_kernel, {**ptrs, **LORA_INDEX, "s_ptr": "*fp32"}, consts), consts)
+
+
+LORA_KERNELS = [
+    *[_lora_shrink(dtype, rank, split_k) for dtype in ("bf16", "fp16") for rank in (8, 64) for split_k in (1, 16)],
+    _lora_shrink("fp32", 16, 4),
+    *[_lora_shrink(dtype, rank, 1, rows) for dtype in ("bf16", "fp32") for rank, rows in ((16, 1), (64, 4))],
+    *[_lora_expand(dtype, rank, bm) for dtype in ("bf16", "fp16") for rank in (8, 64) for bm in (16, 64)],
+    _lora_expand("fp32", 16, 64),
+]
 KERNELS = [
     *[(f"one-shot all-reduce, {w} ranks{' (PDL)' if pdl else ''}", ar._one_shot_all_reduce_kernel, AR_SIG,
        {"RANK": 0, "WORLD": w, "BLOCK": 2048, "CHECK_EVERY": 1024, "TIMED_ABORT": pdl, "USE_PDL": pdl})
@@ -222,6 +252,7 @@ KERNELS = [
     ("Gumbel pick, sharded (best, id) pairs", gs._gumbel_pick_kernel,
      {"best_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*fp64", "C": "i32"}, {"BLOCK_C": 64, "PAIR": True}),
     *MOE_KERNELS,
+    *LORA_KERNELS,
 ]
 
 

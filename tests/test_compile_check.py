@@ -25,5 +25,7 @@ def test_kernels_compile_for_hopper():
                    "MoE decode GEMV down, 8 picks a program, FP8 block", "paged attention (PDL), window 128 + sinks",
                    "split-KV decode (PDL), window 128 + sinks", "MoE grouped GEMM 1 (gate/up + clamped SwiGLU), biases",
                    "MoE decode GEMV down, biases (gpt-oss)", "64x128, MXFP4 + biases (gpt-oss)",
-                   "MoE decode GEMV gate/up, MXFP4 + biases + clamped SwiGLU (gpt-oss)"):
+                   "MoE decode GEMV gate/up, MXFP4 + biases + clamped SwiGLU (gpt-oss)",
+                   "LoRA shrink, bf16, rank 8, split-K 16",
+                   "LoRA shrink, bf16, rank 16, FMA, 1 rank row(s) a program", "LoRA expand, bf16, rank 64, 64-row tile"):
         assert kernel in done.stdout, kernel

@@ -12,7 +12,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ["kernels/fused_elementwise.py", "kernels/decode_attention.py", "kernels/fused_moe_bench.py",
-           "kernels/tune_fused_moe.py"]
+           "kernels/tune_fused_moe.py", "kernels/bench_lora.py"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
