@@ -229,3 +229,28 @@ def test_tp2_equals_tp1(shape, tiny_tied_model, tiny_untied_model, qwen3_loras, 
     finally:
         torch.set_num_threads(prev)
     assert [o["token_ids"] for o in outs] == tp1
+
+
+@pytest.mark.triton
+def test_triton_ops_in_the_engine_group_tokens_once_a_step(tiny_tied_model, qwen3_loras, monkeypatch):
+    """The LoRA layers on the Triton kernels (the CUDA path, here in the interpreter): the same tokens as the
+    torch ops, and the step's tokens grouped by slot once a forward, not once per layer."""
+    import minivllm.kernels.lora_segments as seg_module
+    import minivllm.lora.layers as layers
+    import minivllm.lora.ops as ops
+
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    choices = [None, *qwen3_loras[:2]]
+    with LLM(tiny_tied_model, **KW, max_loras=2) as llm:
+        ids = prompt_ids(llm)[:3]
+        batch = [(p, lr) for p in ids for lr in choices]
+        want = llm.generate([p for p, _ in batch], params, use_tqdm=False, lora_request=[lr for _, lr in batch])
+        calls = []
+        real = seg_module.lora_segments
+        monkeypatch.setattr(seg_module, "lora_segments", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+        monkeypatch.setattr(ops, "uses_triton", lambda device: True)
+        monkeypatch.setattr(layers, "uses_triton", lambda device: True)
+        got = llm.generate([p for p, _ in batch], params, use_tqdm=False, lora_request=[lr for _, lr in batch])
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in want]
+    # 9 rows, 4 tokens each: one grouping per forward (a prefill step, then the decode steps), none per layer
+    assert 4 <= len(calls) <= 8, calls

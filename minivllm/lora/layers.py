@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from minivllm.lora.ops import lora_expand, lora_shrink
+from minivllm.lora.ops import lora_expand, lora_shrink, uses_triton
 
 
 class LoRAState:
@@ -26,6 +26,21 @@ class LoRAState:
 
     def __init__(self):
         self.token_slot: torch.Tensor | None = None
+        self._segments = None  # (num_tokens, LoRASegments) of this step, built by its first LoRA layer
+
+    def reset(self, token_slot: torch.Tensor | None) -> None:
+        """A new step's slot mapping (or the static buffer a CUDA graph reads)."""
+        self.token_slot, self._segments = token_slot, None
+
+    def segments(self, token_slot: torch.Tensor, num_slots: int):
+        """The step's tokens grouped by slot for the Triton kernels, built once a step by the first layer that
+        asks (under a CUDA graph: inside the captured forward, so each replay regroups its own mapping)."""
+        n = token_slot.shape[0]
+        if self._segments is None or self._segments[0] != n:
+            from minivllm.kernels.lora_segments import lora_segments  # here: the Triton path only
+
+            self._segments = (n, lora_segments(token_slot, num_slots))
+        return self._segments[1]
 
 
 class LoRALinear:
@@ -97,5 +112,6 @@ class LoRALinear:
         shrunk = torch.empty(self.num_slices, n, self.max_rank, dtype=torch.float32,
                              device=x.device)  # [slices, T, R]
         token_slot = token_slot[:n]  # [T]
-        lora_shrink(x, self.a_stacked, token_slot, shrunk)
-        lora_expand(shrunk, self.b_stacked, token_slot, y, self.slice_offsets)
+        segments = self.state.segments(token_slot, self.a_stacked[0].shape[0]) if uses_triton(x.device) else None
+        lora_shrink(x, self.a_stacked, token_slot, shrunk, segments)
+        lora_expand(shrunk, self.b_stacked, token_slot, y, self.slice_offsets, segments)

@@ -90,6 +90,6 @@ class LoRAModelManager:
             src = torch.from_numpy(token_slots)
             buf[:num_tokens].copy_(src.pin_memory() if self.device.type == "cuda" else src, non_blocking=True)
         if graph:
-            self.state.token_slot = buf
+            self.state.reset(buf)
         else:
-            self.state.token_slot = buf[:num_tokens] if token_slots is not None else None
+            self.state.reset(buf[:num_tokens] if token_slots is not None else None)

@@ -28,21 +28,22 @@ def uses_triton(device: torch.device) -> bool:
 
 
 def lora_shrink(x: torch.Tensor, a_stacked: tuple[torch.Tensor, ...], token_slot: torch.Tensor,
-                out: torch.Tensor) -> torch.Tensor:
+                out: torch.Tensor, segments=None) -> torch.Tensor:
     """``out[i, t] = x[t] @ a_stacked[i][token_slot[t]].T`` (zeros where ``token_slot`` is -1); out: float32
-    ``[num_slices, T, max_rank]``."""
+    ``[num_slices, T, max_rank]``. ``segments``: the step's ``lora_segments`` (Triton only; built when None)."""
     if uses_triton(x.device):
         from minivllm.kernels.lora import lora_shrink as kernel  # here: the kernels need triton
 
-        return kernel(x, a_stacked, token_slot, out)
+        return kernel(x, a_stacked, token_slot, out, segments=segments)
     return lora_torch.lora_shrink(x, a_stacked, token_slot, out)
 
 
 def lora_expand(shrunk: torch.Tensor, b_stacked: tuple[torch.Tensor, ...], token_slot: torch.Tensor,
-                y: torch.Tensor, slice_offsets: tuple[int, ...]) -> torch.Tensor:
-    """``y[t, off_i:off_i+n_i] += shrunk[i, t] @ b_stacked[i][token_slot[t]].T``, in place."""
+                y: torch.Tensor, slice_offsets: tuple[int, ...], segments=None) -> torch.Tensor:
+    """``y[t, off_i:off_i+n_i] += shrunk[i, t] @ b_stacked[i][token_slot[t]].T``, in place (``segments``: as
+    for ``lora_shrink``)."""
     if uses_triton(y.device):
         from minivllm.kernels.lora import lora_expand as kernel
 
-        return kernel(shrunk, b_stacked, token_slot, y, slice_offsets)
+        return kernel(shrunk, b_stacked, token_slot, y, slice_offsets, segments=segments)
     return lora_torch.lora_expand(shrunk, b_stacked, token_slot, y, slice_offsets)
