@@ -1,1 +1,1 @@
-"""Speculative decoding: the proposers that draft tokens and the interface the model runner calls them through."""
+"""Speculative decoding: the proposers that draft tokens (n-gram prompt lookup, EAGLE heads, draft models)."""
