@@ -5,6 +5,8 @@ layout and bad arguments."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -27,7 +29,7 @@ sampler = Sampler()
 
 
 def _spec(params, drafts, logits, draft_probs=None, *, prompts=None, outputs=None, generator=None, grammar=None,
-          bad_words=None, penalty_tensors=None, layout_on_device=False):
+          bad_words=None, penalty_tensors=None, layout_on_device=False, triton=False):
     """``rejection_sample`` of rows ``params`` with drafts ``drafts`` (lists) over ``logits`` ([P, V])."""
     rows = len(params)
     md = build_spec_sampling_metadata(
@@ -35,7 +37,8 @@ def _spec(params, drafts, logits, draft_probs=None, *, prompts=None, outputs=Non
         logits.device, logits.shape[1], generator, grammar, bad_words=bad_words, penalty_tensors=penalty_tensors)
     ids = torch.tensor([t for d in drafts for t in d], dtype=torch.int64)
     num = [len(d) for d in drafts]
-    return rejection_sample(logits, torch.tensor(num) if layout_on_device else num, ids, draft_probs, md)
+    return rejection_sample(logits, torch.tensor(num) if layout_on_device else num, ids, draft_probs, md,
+                            triton=triton)
 
 
 def _plain_token(params, logits_row, prompt=(), output=(), bad_words=()):
@@ -89,6 +92,7 @@ def test_greedy_rows_emit_the_plain_greedy_chain(seed, which, k, miss, on_device
     assert out.token_id_lists() == expected
     assert out.num_accepted.tolist() == [min(m, n) for m, n in zip(miss, k)][:len(params)]
     assert out.emitted.sum().item() == sum(map(len, expected))
+    assert out.last_token_ids.tolist() == [e[-1] for e in expected]
 
 
 def test_greedy_hand_built_rows():
@@ -98,6 +102,7 @@ def test_greedy_hand_built_rows():
     drafts = [[4, 6, 1], [], [2, 7]]  # all accepted (+ bonus 9); no drafts (2); one accepted, then 3 not 7
     out = _spec(params, drafts, logits)
     assert out.token_id_lists() == [[4, 6, 1, 9], [2], [2, 3]]
+    assert out.last_token_ids.tolist() == [9, 2, 3]
     assert out.num_accepted.tolist() == [3, 0, 1]
     assert out.emitted.tolist() == [True] * 7 + [False]
     out = _spec(params, [[5, 6, 1], [], [3, 3]], logits)  # the first draft wrong: the target's token alone
@@ -268,6 +273,7 @@ def test_layout_on_the_device_gives_the_same_tokens():
         b = _spec(params, drafts, logits, draft_probs, layout_on_device=True)
         assert a.token_id_lists() == b.token_id_lists()
         assert torch.equal(a.emitted, b.emitted) and torch.equal(a.num_drafts, b.num_drafts)
+        assert a.last_token_ids.tolist() == b.last_token_ids.tolist() == [t[-1] for t in a.token_id_lists()]
 
 
 # ------------------------------------------------------------------ penalties, grammar, logprobs
@@ -320,20 +326,23 @@ def _bitmask(allowed: list[int]) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # [1, W] int32 bit pattern
 
 
-def test_grammar_bitmask_masks_a_draft_position():
+@pytest.mark.parametrize("triton", [False, pytest.param(True, marks=[
+    pytest.mark.triton, pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                           reason="CPU tensors through the Triton interpreter")])])
+def test_grammar_bitmask_masks_a_draft_position(triton):
     logits = torch.zeros(3, V)
     logits[0, 4] = logits[1, 6] = logits[2, 2] = 5.0
     logits[1, 8] = 3.0  # the best token the grammar allows at offset 1
     greedy = [SamplingParams(temperature=0.0)]
     assert _spec(greedy, [[4, 6]], logits).token_id_lists() == [[4, 6, 2]]
     no_six = _bitmask([t for t in range(V) if t != 6])
-    assert _spec(greedy, [[4, 6]], logits, grammar=([1], no_six)).token_id_lists() == [[4, 8]]
+    assert _spec(greedy, [[4, 6]], logits, grammar=([1], no_six), triton=triton).token_id_lists() == [[4, 8]]
     # random rows: a masked draft is never accepted, and the token drawn instead is one the grammar allows
     n = 300
     allowed = [0, 1, 2, 3, 4, 5]
     mask = _bitmask(allowed).repeat(n, 1)
     out = _spec([SamplingParams()] * n, [[6, 4]] * n, logits.repeat(n, 1),
-                grammar=(list(range(0, 3 * n, 3)), mask))  # the first position of every row
+                grammar=(list(range(0, 3 * n, 3)), mask), triton=triton)  # the first position of every row
     assert out.num_accepted.sum().item() == 0
     assert set(out.sampled_token_ids.view(n, 3)[:, 0].tolist()) <= set(allowed)
 

@@ -55,6 +55,7 @@ class SpecSamplerOutput:
     sampled_token_ids: torch.Tensor  # [P] int64: the token each position emits if its row gets that far
     num_accepted: torch.Tensor  # [R] int64: accepted drafts per row
     emitted: torch.Tensor  # [P] bool: the position's token is emitted
+    last_token_ids: torch.Tensor  # [R] int64: each row's last emitted token (the recovered or bonus one)
     num_drafts: torch.Tensor  # [R] int64
     logprobs: torch.Tensor | None = None  # [P] float32, raw log_softmax at sampled_token_ids
     top_logprobs_ids: torch.Tensor | None = None  # [P, k] int64, sorted by descending logprob
@@ -83,6 +84,7 @@ class _Layout:
     is_draft: torch.Tensor  # [P] bool: a draft follows the position's context (j < num_drafts[row])
     draft_position: torch.Tensor  # [D] int64: the position that verifies each draft
     num_drafts: torch.Tensor  # [R] int64
+    start: torch.Tensor  # [R] int64: each row's first position
 
 
 def _layout(num_drafts: Sequence[int] | torch.Tensor, num_positions: int, device: torch.device) -> _Layout:
@@ -90,14 +92,13 @@ def _layout(num_drafts: Sequence[int] | torch.Tensor, num_positions: int, device
         nd = num_drafts.to(device=device, dtype=torch.int64)  # [R]
         rows = nd.shape[0]
         row = torch.repeat_interleave(torch.arange(rows, device=device), nd + 1, output_size=num_positions)
-        starts = torch.cumsum(nd + 1, 0) - (nd + 1)  # [R]
-        offset = torch.arange(num_positions, device=device) - starts[row]
-        is_draft = offset < nd[row]
+        start = torch.cumsum(nd + 1, 0) - (nd + 1)  # [R]
+        offset = torch.arange(num_positions, device=device) - start[row]  # [P]
         # the d-th draft overall is verified at position d + (its row): one bonus position per earlier row
         draft_rows = torch.repeat_interleave(torch.arange(rows, device=device), nd,
                                              output_size=num_positions - rows)
-        draft_position = torch.arange(num_positions - rows, device=device) + draft_rows
-        return _Layout(row, offset, is_draft, draft_position, nd)
+        draft_position = torch.arange(num_positions - rows, device=device) + draft_rows  # [D]
+        return _Layout(row, offset, offset < nd[row], draft_position, nd, start)
     counts = np.asarray(num_drafts, dtype=np.int64)
     if counts.ndim != 1 or (counts < 0).any():
         raise ValueError("num_drafts must be a list of non-negative counts, one per row")
@@ -105,12 +106,15 @@ def _layout(num_drafts: Sequence[int] | torch.Tensor, num_positions: int, device
         raise ValueError(f"logits has {num_positions} positions but num_drafts {counts.tolist()} needs "
                          f"{int(counts.sum()) + len(counts)} (num_drafts[r] + 1 per row)")
     row = position_rows(counts)  # [P]
-    offset = np.arange(num_positions) - np.repeat(np.cumsum(counts + 1) - (counts + 1), counts + 1)  # [P]
-    is_draft = offset < counts[row]
-    host = np.stack([row, offset, is_draft])  # [3, P]: one copy to the device
-    moved = _to_device(host, torch.int64, device)
-    return _Layout(moved[0], moved[1], moved[2].bool(), _to_device(np.flatnonzero(is_draft), torch.int64, device),
-                   _to_device(counts, torch.int64, device))
+    start = np.cumsum(counts + 1) - (counts + 1)  # [R]
+    offset = np.arange(num_positions) - start[row]  # [P]
+    is_draft = offset < counts[row]  # [P]
+    # one copy to the device: [row, offset, is_draft] (3P), then [num_drafts, start] (2R), then the D draft positions
+    flat = _to_device(np.concatenate([row, offset, is_draft, counts, start, np.flatnonzero(is_draft)]),
+                      torch.int64, device)
+    P, R = num_positions, len(counts)
+    return _Layout(flat[:P], flat[P:2 * P], flat[2 * P:3 * P].bool(), flat[3 * P + 2 * R:], flat[3 * P:3 * P + R],
+                   flat[3 * P + R:3 * P + 2 * R])
 
 
 def _uniforms(md: SamplingMetadata, n: int, device: torch.device) -> torch.Tensor:
@@ -200,4 +204,5 @@ def rejection_sample(
     tokens = torch.where(layout.offset < reached, draft_at, recovered)  # [P]
     lp = gather_logprobs(logits, tokens, md)  # the same fields as the plain sampler's, per position
     return SpecSamplerOutput(sampled_token_ids=tokens, num_accepted=num_accepted, emitted=layout.offset <= reached,
+                             last_token_ids=tokens.index_select(0, layout.start + num_accepted),
                              num_drafts=layout.num_drafts, **(vars(lp) if lp is not None else {}))
