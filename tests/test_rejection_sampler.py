@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import minivllm.sample.rejection_sampler as rs
 from minivllm.sample.metadata import build_sampling_metadata
+from minivllm.sample.penalties import PenaltyState
 from minivllm.sample.rejection_sampler import rejection_sample
 from minivllm.sample.sampler import Sampler, _exponential_race, apply_sampling_filters
 from minivllm.sample.spec_metadata import build_spec_sampling_metadata
@@ -317,6 +318,28 @@ def test_penalty_tensors_expand_to_the_host_counts():
     penalized = torch.tensor([0, 1, 2, 3, 5, 6, 7])  # the positions of rows 0 and 2
     assert torch.equal(host.output_counts[penalized], device.output_counts[penalized])
     assert torch.equal(host.prompt_mask[penalized[:4]], device.prompt_mask[penalized[:4]])
+
+
+def test_penalty_state_records_the_emitted_tokens_of_a_speculative_step():
+    state = PenaltyState(V, torch.device("cpu"))
+    state.add(10, [1, 2], [3])
+    state.add(30, None, [])
+    params = [SamplingParams(temperature=0.0, frequency_penalty=0.1), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.0, presence_penalty=0.1)]
+    drafts = [[4, 6, 1], [2], [2, 7]]
+    logits = torch.zeros(9, V)
+    logits[torch.arange(9), torch.tensor([4, 6, 1, 9, 2, 5, 2, 3, 8])] = 5.0
+    seq_ids = [10, 20, 30]  # 20 has no penalties and no row
+    out = _spec(params, drafts, logits, penalty_tensors=state.gather(seq_ids))
+    tokens = out.token_id_lists()
+    assert tokens == [[4, 6, 1, 9], [2, 5], [2, 3]]
+    state.record(seq_ids, out.sampled_token_ids, [len(d) for d in drafts], out.emitted)
+    counts, _ = state.gather([10, 30])
+    want = torch.zeros(2, V)
+    for r, toks in enumerate([[3] + tokens[0], tokens[2]]):
+        want[r].index_add_(0, torch.tensor(toks), torch.ones(len(toks)))
+    assert torch.equal(counts, want)
+    state.check_integrity()
 
 
 def _bitmask(allowed: list[int]) -> torch.Tensor:
