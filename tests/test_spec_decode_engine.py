@@ -160,3 +160,22 @@ def test_bad_speculative_config_is_a_value_error():
         LLM(DEMO_MODEL, device="cpu", speculative_config='{"method": "medusa", "num_speculative_tokens": 2}')
     with pytest.raises(ValueError, match="speculative_config: unknown key"):
         LLM(DEMO_MODEL, device="cpu", speculative_config={"method": "ngram", "num_speculative_tokens": 2, "k": 1})
+
+
+@pytest.mark.slow
+def test_tensor_parallel_equals_no_speculation():
+    """TP=2 over gloo: rank 0 verifies and proposes; the drafts reach the other rank in each row's tokens."""
+    import torch
+
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        expected = LLM(DEMO_MODEL, device="cpu").generate(REPETITIVE_PROMPTS[:6], params, use_tqdm=False)
+        with spec_llm(DEMO_MODEL, tensor_parallel_size=2, max_model_len=256) as llm:
+            got = llm.generate(REPETITIVE_PROMPTS[:6], params, use_tqdm=False)
+            accepted = llm.engine.spec_totals.num_accepted_tokens
+    finally:
+        torch.set_num_threads(prev)
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
+    assert accepted > 0
