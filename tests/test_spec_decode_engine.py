@@ -179,3 +179,19 @@ def test_tensor_parallel_equals_no_speculation():
         torch.set_num_threads(prev)
     assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
     assert accepted > 0
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_triton_attention_verifies_several_query_tokens_per_decode_row(tiny_tied_model):
+    """The Triton backend (in the interpreter) computes a row's newest token and its drafts as one chunk over its
+    cached context, with the fused sampler's kernels: the torch backend's greedy tokens."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = REPETITIVE_PROMPTS[:3]
+    with LLM(tiny_tied_model, device="cpu") as llm:
+        expected = llm.generate(prompts, params, use_tqdm=False)
+    with spec_llm(tiny_tied_model, attention_backend="triton") as tri:
+        got = tri.generate(prompts, params, use_tqdm=False)
+        totals = tri.engine.spec_totals
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
+    assert totals.num_draft_tokens > 0
