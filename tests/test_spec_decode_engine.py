@@ -8,6 +8,8 @@ prefix-cache hits, chunked prefill, preemption and asynchronous scheduling. Ever
 accepted, so none passes with speculation silently off.
 """
 
+import re
+
 import pytest
 
 from minivllm import LLM, SamplingParams
@@ -110,15 +112,28 @@ def test_preemption_happens_and_outputs_equal():
 
 
 def test_structured_outputs_stay_valid_and_equal():
-    so = StructuredOutputsParams(regex=r"(def [a-z_]+\(\):\n    return [0-9]+\n){2}")
-    params = [SamplingParams(temperature=0, max_tokens=60, structured_outputs=so),
-              GREEDY_64, GREEDY_64, SamplingParams(temperature=0, max_tokens=40, structured_outputs=so)]
-    prompts = REPETITIVE_PROMPTS[:4]
+    """Rows under a grammar draft too: each draft position is masked by the grammar advanced over the drafts
+    before it, and the grammar advances over the accepted tokens."""
+    regex = r"(def [a-z_]+\(\):\n    return [0-9]+\n){2}"
+    repeat = r"(x = [0-9]\n){6}"
+    so = StructuredOutputsParams
+    params = [SamplingParams(temperature=0, max_tokens=60, structured_outputs=so(regex=regex)),
+              GREEDY_64, SamplingParams(temperature=0, max_tokens=60, structured_outputs=so(regex=repeat)),
+              SamplingParams(temperature=0, max_tokens=40, structured_outputs=so(choice=["yes", "no"])),
+              SamplingParams(temperature=0.8, seed=1, max_tokens=60, structured_outputs=so(regex=repeat))]
+    prompts = REPETITIVE_PROMPTS[:5]
     expected = LLM(DEMO_MODEL, device="cpu").generate(prompts, params, use_tqdm=False)
     llm = spec_llm(DEMO_MODEL)
     got = llm.generate(prompts, params, use_tqdm=False)
-    assert_same_outputs(got, expected)
-    assert llm.engine.spec_totals.num_accepted_tokens > 0
+    assert_same_outputs(got[:4], expected[:4])
+    assert re.fullmatch(regex, got[0]["text"]) and got[3]["text"] in ("yes", "no")
+    for out in (got[2], got[4]):
+        assert re.fullmatch(repeat, out["text"]) and out["finish_reason"] == "stop"
+    # constrained rows alone: their drafts are verified and accepted
+    before = llm.engine.spec_totals.copy()
+    again = llm.generate(prompts[2:3], params[2:3], use_tqdm=False)
+    assert again[0]["token_ids"] == expected[2]["token_ids"]
+    assert llm.engine.spec_totals.since(before).num_accepted_tokens > 0
 
 
 def test_step_stats_carry_the_counters():

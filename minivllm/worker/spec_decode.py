@@ -42,8 +42,7 @@ class SpeculativeStep:
         md = build_spec_sampling_metadata(
             fwd.params, [()] * len(rows), [r.output_tail or () for r in rows], drafts, runner.eos_token_ids,
             runner.device, runner.vocab_size, runner.generator,
-            # NOTE: a row under a grammar has no drafts: its one position is its first
-            grammar=([starts[r] for r in grammar.rows], grammar.bitmask) if grammar is not None else None,
+            grammar=(grammar.rows, grammar.bitmask) if grammar is not None else None,  # by position
             bad_words=fwd.bad_words, num_generated=[r.num_output_tokens for r in rows],
             penalty_tensors=runner.penalties.gather(seq_ids) if penalized else None,
             forced_tokens=[r.forced_token for r in rows] if any(r.forced_token is not None for r in rows) else None)
