@@ -210,3 +210,28 @@ def test_triton_attention_verifies_several_query_tokens_per_decode_row(tiny_tied
         totals = tri.engine.spec_totals
     assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
     assert totals.num_draft_tokens > 0
+
+
+def test_abort_while_a_draft_step_is_in_flight():
+    """Asynchronous scheduling: a step with drafts is in flight when a request is aborted; the others go on to
+    the tokens of no speculation and every block comes back."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = REPETITIVE_PROMPTS[:3]
+    expected = LLM(DEMO_MODEL, device="cpu").generate(prompts, params, use_tqdm=False)
+    engine = spec_llm(DEMO_MODEL, async_scheduling=True).engine
+    ids = [engine.add_request(p, params, stream=True) for p in prompts]
+    tokens = {rid: [] for rid in ids}
+    for _ in range(40):  # until the step in flight verifies drafts
+        for o in engine.step()[0]:
+            tokens[o.request_id] += o.outputs[0].delta_token_ids
+        if engine._in_flight is not None and engine._in_flight.sched.num_draft_tokens:
+            break
+    assert engine._in_flight.sched.num_draft_tokens > 0
+    engine.abort_request(ids[1])
+    while engine.has_unfinished_requests():
+        for o in engine.step()[0]:
+            tokens[o.request_id] += o.outputs[0].delta_token_ids
+        engine.scheduler.check_integrity()
+    assert [tokens[ids[0]], tokens[ids[2]]] == [expected[0]["token_ids"], expected[2]["token_ids"]]
+    assert tokens[ids[1]] == expected[1]["token_ids"][:len(tokens[ids[1]])]
+    assert engine.block_manager.num_used_blocks == 0

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from minivllm.config import Config, SpeculativeConfig
+from minivllm.engine.progress import ThroughputMeter
 from minivllm.engine.spec_decode_stats import SpecDecodeCounters
 from minivllm.entrypoints.args import engine_kwargs, serve_parser
 from minivllm.entrypoints.bench import latency, throughput
@@ -81,6 +82,14 @@ def test_counters_give_the_acceptance_figures():
     assert s["acceptance_rate"] == 25 / 40 and s["mean_acceptance_length"] == 1 + 25 / 10
     assert s["acceptance_rate_per_pos"] == [0.9, 0.7, 0.5, 0.4]
     assert SpecDecodeCounters(4).summary()["mean_acceptance_length"] == 1.0  # nothing proposed
+
+
+def test_progress_bar_counts_generated_tokens_not_rejected_drafts():
+    meter = ThroughputMeter()
+    # 4 rows verifying 3 drafts each (16 tokens computed), 5 drafts accepted: 4 + 5 tokens generated
+    text = meter.update(StepStats(num_decode_tokens=16, spec_num_drafts=4, spec_num_draft_tokens=12,
+                                  spec_num_accepted_tokens=5, step_time=0.5))
+    assert meter.tokens["decode"] == 9 and text.endswith("decode=18tok/s")
 
 
 def test_bench_latency_and_throughput_report_acceptance(capsys):
