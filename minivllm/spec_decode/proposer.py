@@ -33,7 +33,7 @@ class ProposerInputs:
     seq_ids: tuple[int, ...]  # [rows]
     slots: np.ndarray  # [rows] int64: each row's slot in the runner's batch
     token_ids: np.ndarray  # [max_num_seqs, max_model_len] int32 (all slots; see above)
-    num_tokens: np.ndarray  # [rows] int32: tokens each row holds after this step (0: a row still prefilling)
+    num_tokens: np.ndarray  # [rows] int32: tokens each row holds after this step (a prefilling row: its prompt)
     num_accepted: np.ndarray  # [rows] int32: drafts of this step the row accepted (0 without drafts)
     next_token_ids: np.ndarray  # [rows] int64: the token each sampled row took last (-1: not sampled)
     max_drafts: np.ndarray  # [rows] int32: most drafts the row may take next step (0: propose none)
