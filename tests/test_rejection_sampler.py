@@ -240,6 +240,41 @@ def test_a_draft_outside_the_filtered_support_is_never_accepted():
     assert (filtered_probs(target[0], params)[out.sampled_token_ids.view(n, 2)[:, 0]] > 0).all()
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 0.5, 1.0, 2.0]),  # temperature
+            st.sampled_from([-1, 1, 3, V]),  # top_k
+            st.sampled_from([1.0, 0.8, 0.3]),  # top_p
+            st.sampled_from([0.0, 0.2]),  # min_p
+            st.sampled_from([None, 0, 5]),  # seed
+            st.integers(0, 4),  # drafts
+        ),
+        min_size=1, max_size=5,
+    ),
+    with_probs=st.booleans(),
+)
+def test_emitted_tokens_stay_in_each_positions_support(seed, rows, with_probs):
+    """Any mix of rows: accepted drafts come first, then one token; every emitted token has positive processed
+    probability at its position."""
+    g = torch.Generator().manual_seed(seed)
+    params = [SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m, seed=s) for t, k, p, m, s, _ in rows]
+    drafts = [torch.randint(0, V, (n,), generator=g).tolist() for *_, n in rows]
+    logits = torch.randn(sum(len(d) + 1 for d in drafts), V, generator=g) * 2
+    num = sum(map(len, drafts))
+    probs = torch.softmax(torch.randn(num, V, generator=g), dim=-1) if with_probs else None
+    out = _spec(params, drafts, logits, probs)
+    start = 0
+    for r, (p, tokens) in enumerate(zip(params, out.token_id_lists())):
+        accepted = out.num_accepted[r].item()
+        assert len(tokens) == accepted + 1 and tokens[:accepted] == drafts[r][:accepted]
+        for j, token in enumerate(tokens):
+            assert filtered_probs(logits[start + j], p)[token] > 0, (r, j, token)
+        start += len(drafts[r]) + 1
+
+
 # ------------------------------------------------------------------ seeds
 
 
