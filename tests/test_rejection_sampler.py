@@ -312,6 +312,29 @@ def test_layout_on_the_device_gives_the_same_tokens():
         assert a.last_token_ids.tolist() == b.last_token_ids.tolist() == [t[-1] for t in a.token_id_lists()]
 
 
+def test_no_host_read_inside(monkeypatch):
+    """With the drafts' layout on the device, nothing inside reads a tensor back to the host (on a GPU: no
+    synchronization per step, let alone per row)."""
+    g = torch.Generator().manual_seed(12)
+    drafts = [[1, 2, 3], [], [4], [5, 6]]
+    params = [SamplingParams(seed=1, logprobs=2), SamplingParams(temperature=0.0), SamplingParams(top_p=0.8),
+              SamplingParams(temperature=0.0, presence_penalty=1.0, allowed_token_ids=[1, 2, 5, 6])]
+    logits = torch.randn(sum(len(d) + 1 for d in drafts), V, generator=g)
+    md = build_spec_sampling_metadata(params, [[]] * 4, [[]] * 4, drafts, EOS, "cpu", V)
+    num, ids = torch.tensor([3, 0, 1, 2]), torch.tensor([1, 2, 3, 4, 5, 6])
+    probs = torch.softmax(torch.randn(6, V, generator=g), dim=-1)
+
+    def boom(*a, **k):
+        raise AssertionError("a host read inside rejection_sample")
+
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, boom)
+    outs = [rejection_sample(logits, num, ids, p, md) for p in (None, probs)]
+    monkeypatch.undo()
+    for out in outs:
+        assert out.emitted.sum().item() == out.num_accepted.sum().item() + 4
+
+
 # ------------------------------------------------------------------ penalties, grammar, logprobs
 
 
