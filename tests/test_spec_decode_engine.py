@@ -235,3 +235,23 @@ def test_abort_while_a_draft_step_is_in_flight():
     assert [tokens[ids[0]], tokens[ids[2]]] == [expected[0]["token_ids"], expected[2]["token_ids"]]
     assert tokens[ids[1]] == expected[1]["token_ids"][:len(tokens[ids[1]])]
     assert engine.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gemma3", "moe"])
+def test_other_model_families_equal_no_speculation(family, tiny_moe_model, tmp_path):
+    """Gemma 3 (sliding-window layers: two KV cache groups, each reserving the drafts' slots) and a Qwen3-MoE,
+    with chunked prefill and a small cache."""
+    from tests.helpers.gemma3_checkpoints import build_gemma3_checkpoint
+
+    path = str(build_gemma3_checkpoint(tmp_path / "g")) if family == "gemma3" else tiny_moe_model
+    prompts = [[(7 * i + 3 * j) % 50 + 3 for j in range(20 + 9 * i)] for i in range(6)]
+    prompts += [[5, 6, 7, 8] * 10, [9, 10, 11] * 12]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    kw = dict(max_num_batched_tokens=32, num_kvcache_blocks=24, max_model_len=160)
+    expected = LLM(path, device="cpu", **kw).generate(prompts, params, use_tqdm=False)
+    llm = spec_llm(path, **kw)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
+    assert llm.engine.spec_totals.num_accepted_tokens > 0
+    llm.engine.scheduler.check_integrity()
