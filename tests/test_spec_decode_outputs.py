@@ -12,7 +12,7 @@ from minivllm.config import Config, SpeculativeConfig
 from minivllm.engine.progress import ThroughputMeter
 from minivllm.engine.spec_decode_stats import SpecDecodeCounters
 from minivllm.entrypoints.args import engine_kwargs, serve_parser
-from minivllm.entrypoints.bench import latency, throughput
+from minivllm.entrypoints.bench import latency, serve, throughput
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.outputs import StepStats
 from tests.helpers.server_utils import running_server
@@ -116,6 +116,10 @@ def test_server_with_speculative_config_counts_accepted_drafts(tmp_path):
             r = srv.client.completions.create(model="demo", prompt=prompt, max_tokens=32, temperature=0)
             assert r.choices[0].text
         after = srv.wait_idle()
+        res = serve.main(["--base-url", srv.url, "--num-prompts", "4", "--input-len", "16", "--output-len", "48",
+                          "--disable-tqdm"])
+    spec = res["speculative_decoding"]  # bench serve's figures, from the server's counters over its run
+    assert spec["num_drafts"] > 0 and spec["num_draft_tokens"] >= spec["num_accepted_tokens"]
     for name in ("vllm:spec_decode_num_drafts_total{}", "vllm:spec_decode_num_accepted_tokens_total{}"):
         assert after[name] > before.get(name, 0), name
     assert after["vllm:spec_decode_num_draft_tokens_total{}"] >= after["vllm:spec_decode_num_accepted_tokens_total{}"]
