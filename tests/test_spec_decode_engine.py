@@ -11,6 +11,7 @@ accepted, so none passes with speculation silently off.
 import re
 
 import pytest
+import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.structured_outputs_params import StructuredOutputsParams
@@ -70,6 +71,11 @@ def test_every_feature_equals_no_speculation(references, kw):
     got = llm.generate(REPETITIVE_PROMPTS[:len(params)], params, use_tqdm=False)
     greedy = [i for i, p in enumerate(params) if p.temperature == 0]
     assert 0 < len(greedy) < len(params)
+    if "max_num_batched_tokens" in kw:  # prompt logprobs computed in other chunks: equal to float32 rounding
+        for g, e in zip(got, expected):
+            for a, b in zip(g.pop("prompt_logprobs", None) or [], e.get("prompt_logprobs") or [], strict=True):
+                assert (a is None and b is None) or all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in b)
+        expected = [{k: v for k, v in e.items() if k != "prompt_logprobs"} for e in expected]
     assert_same_outputs([got[i] for i in greedy], [expected[i] for i in greedy])
     if "num_kvcache_blocks" not in kw:
         assert_same_outputs(got, spec_reference)
@@ -255,3 +261,67 @@ def test_other_model_families_equal_no_speculation(family, tiny_moe_model, tmp_p
     assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
     assert llm.engine.spec_totals.num_accepted_tokens > 0
     llm.engine.scheduler.check_integrity()
+
+
+class _SampledNgram:
+    """A proposer that claims its n-gram drafts were drawn from a spread distribution (half its mass on the
+    draft): verification must then use those probabilities."""
+
+    hidden_state_layers = ()
+
+    def __init__(self, vocab_size: int):
+        from minivllm.spec_decode.ngram_drafter import NgramDrafter
+
+        self.inner = NgramDrafter(NGRAM["num_speculative_tokens"], 2, 4)
+        self.num_speculative_tokens = self.inner.num_speculative_tokens
+        self.vocab_size = vocab_size
+        self.calls = 0
+
+    def propose(self, inputs):
+        import torch
+
+        from minivllm.spec_decode.proposer import DraftProposal
+
+        drafts, num, _ = self.inner.propose(inputs)
+        probs = torch.full((*drafts.shape, self.vocab_size), 0.5 / self.vocab_size)  # [rows, k, V]
+        probs.scatter_add_(2, torch.from_numpy(drafts).long().unsqueeze(2), torch.full((*drafts.shape, 1), 0.5))
+        self.calls += 1
+        return DraftProposal(drafts, num, probs)
+
+    def remove(self, seq_ids):
+        pass
+
+
+def test_draft_probabilities_reach_verification(monkeypatch):
+    """A proposer's draft distributions reach rejection sampling, row by row (a row's first drafts when the
+    scheduler cut them); greedy rows stay exact and seeded runs reproducible."""
+    from minivllm.worker import model_runner, spec_decode
+
+    made, seen = [], []
+
+    def build(spec, *args):
+        made.append(_SampledNgram(4032))
+        return made[-1]
+
+    def recording(logits, num_drafts, draft_token_ids, draft_probs, md, **kw):
+        seen.append((list(num_drafts), draft_token_ids.clone(), None if draft_probs is None else draft_probs.clone()))
+        return real(logits, num_drafts, draft_token_ids, draft_probs, md, **kw)
+
+    real = spec_decode.rejection_sample
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=3, max_tokens=40, ignore_eos=True)]
+    prompts = REPETITIVE_PROMPTS[:2]
+    expected = LLM(DEMO_MODEL, device="cpu").generate(prompts, params, use_tqdm=False)
+    monkeypatch.setattr(model_runner, "build_proposer", build)
+    monkeypatch.setattr(spec_decode, "rejection_sample", recording)
+    runs = []
+    for _ in range(2):
+        llm = spec_llm(DEMO_MODEL)
+        runs.append(llm.generate(prompts, params, use_tqdm=False))
+        assert made[-1].calls > 0 and llm.engine.spec_totals.num_accepted_tokens > 0
+    assert runs[0][0]["token_ids"] == expected[0]["token_ids"]
+    assert [o["token_ids"] for o in runs[0]] == [o["token_ids"] for o in runs[1]]
+    verified = [(ids, probs) for nd, ids, probs in seen if sum(nd)]
+    assert verified and all(probs is not None and probs.shape == (len(ids), 4032) for ids, probs in verified)
+    for ids, probs in verified:  # each draft's row: half the mass on the draft itself
+        assert torch.allclose(probs[torch.arange(len(ids)), ids], torch.full((len(ids),), 0.5 + 0.5 / 4032))

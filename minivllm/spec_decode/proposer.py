@@ -54,8 +54,8 @@ class DraftProposal(NamedTuple):
 
     token_ids: np.ndarray  # [rows, k] int32
     num_drafts: np.ndarray  # [rows] int32, each <= the row's max_drafts
-    # [rows, k, V] float32: the draft distribution each token was drawn from; None: deterministic drafts (each
-    # has probability 1 under the proposer, as n-gram's)
+    # [rows, k, V] float32 over the target's vocabulary: the distribution each draft was drawn from; None:
+    # deterministic drafts (each has probability 1 under the proposer, as n-gram's and greedy heads')
     probs: torch.Tensor | None = None
 
 

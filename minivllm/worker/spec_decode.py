@@ -29,6 +29,8 @@ class SpeculativeStep:
         self.batch = batch
         self.k = proposer.num_speculative_tokens
         self.disable_by_batch_size = disable_by_batch_size
+        # seq id -> [n, V] the distributions its pending drafts were drawn from (a proposer that samples them)
+        self.draft_probs: dict[int, torch.Tensor] = {}
 
     def sample(self, runner, fwd, inp: StepInputs, grammar=None) -> SampledTokens:
         """Verify the step's drafts, record the new tokens and propose the next drafts: the step's host results.
@@ -47,7 +49,8 @@ class SpeculativeStep:
             penalty_tensors=runner.penalties.gather(seq_ids) if penalized else None,
             forced_tokens=[r.forced_token for r in rows] if any(r.forced_token is not None for r in rows) else None)
         flat = torch.tensor([t for d in drafts for t in d], dtype=torch.int64).to(runner.device)  # [D]
-        res = rejection_sample(fwd.logits, num_drafts, flat, None, md, triton=runner.sampler.fused)
+        probs = self._verified_probs(seq_ids, num_drafts, drafts, fwd.logits.shape[1])
+        res = rejection_sample(fwd.logits, num_drafts, flat, probs, md, triton=runner.sampler.fused)
         tokens = res.token_id_lists()  # one copy to the host
         if runner.penalties.rows:
             runner.penalties.record(seq_ids, res.sampled_token_ids, num_drafts, res.emitted)
@@ -64,7 +67,38 @@ class SpeculativeStep:
         proposal = self._propose(fwd, inp, lengths, out)
         out.draft_token_ids = [proposal.token_ids[i, :n].tolist() for i, n in enumerate(proposal.num_drafts)
                                if fwd.out.rows[i].sampled]
+        for i, row in enumerate(fwd.out.rows):  # every sampled row's drafts are new: so are their distributions
+            if row.sampled:
+                n = int(proposal.num_drafts[i])
+                if proposal.probs is not None and n:
+                    self.draft_probs[row.seq_id] = proposal.probs[i, :n]
+                else:
+                    self.draft_probs.pop(row.seq_id, None)
         return out
+
+    def forget(self, seq_ids) -> None:
+        """Drop what is kept of sequences that left the batch."""
+        for seq_id in seq_ids:
+            self.draft_probs.pop(seq_id, None)
+
+    def _verified_probs(self, seq_ids: list[int], num_drafts: list[int], drafts: list[tuple[int, ...]],
+                        vocab: int) -> torch.Tensor | None:
+        """``[D, V]`` the distributions the step's drafts were drawn from (the scheduler may have cut a row's
+        drafts: its first ones), or None when every draft is deterministic. A deterministic draft among sampled
+        ones has a one-hot distribution."""
+        kept = [self.draft_probs.get(s) if d else None for s, d in zip(seq_ids, num_drafts)]
+        given = [k for k in kept if k is not None]
+        if not given:
+            return None
+        parts = []
+        for k, d, ids in zip(kept, num_drafts, drafts):
+            if not d:
+                continue
+            if k is None:
+                k = torch.zeros(d, vocab, dtype=torch.float32, device=given[0].device)  # [d, V]
+                k[torch.arange(d), torch.tensor(ids)] = 1.0
+            parts.append(k[:d].to(torch.float32))
+        return torch.cat(parts)  # [D, V]
 
     @staticmethod
     def _logprobs(out: SampledTokens, res, keep: list[int], params) -> None:
