@@ -57,6 +57,9 @@ def test_serve_flag_reaches_the_config():
     assert config.speculative_config == SpeculativeConfig.of(NGRAM)
     with pytest.raises(ValueError, match="watermark_config"):
         Config.create(DEMO_MODEL, device="cpu", watermark_config={"key": 1}, **kw)
+    with pytest.raises(ValueError, match="no config.json"):
+        Config.create(DEMO_MODEL, device="cpu", speculative_config={"method": "draft_model", "model": "/no/such",
+                                                                    "num_speculative_tokens": 2})
 
 
 def test_prometheus_counters_have_vllms_names():
