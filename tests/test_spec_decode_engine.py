@@ -325,3 +325,47 @@ def test_draft_probabilities_reach_verification(monkeypatch):
     assert verified and all(probs is not None and probs.shape == (len(ids), 4032) for ids, probs in verified)
     for ids, probs in verified:  # each draft's row: half the mass on the draft itself
         assert torch.allclose(probs[torch.arange(len(ids)), ids], torch.full((len(ids),), 0.5 + 0.5 / 4032))
+
+
+def test_above_disable_by_batch_size_async_scheduling_runs_ahead():
+    """With asynchronous scheduling, a batch above ``disable_by_batch_size`` is scheduled one step ahead (its
+    rows read the step in flight's tokens on the device); once it shrinks, speculation resumes from the history,
+    which the steps sampled without it were added to. Outputs equal no speculation."""
+    params = [SamplingParams(temperature=0, max_tokens=12 + 10 * i, ignore_eos=True) for i in range(6)]
+    params[4] = SamplingParams(temperature=0.9, seed=4, max_tokens=40, ignore_eos=True, repetition_penalty=1.1)
+    prompts = REPETITIVE_PROMPTS[:6]
+    expected = LLM(DEMO_MODEL, device="cpu", async_scheduling=True).generate(prompts, params, use_tqdm=False)
+    llm = spec_llm(DEMO_MODEL, {**NGRAM, "disable_by_batch_size": 3}, async_scheduling=True)
+    runner = llm.engine.executor.runner
+    ahead = []
+    execute = runner.execute
+
+    def counting(inp, gather=True):
+        ahead.append(inp.prev_token_index is not None)
+        return execute(inp, gather)
+
+    runner.execute = counting
+    step, sample, checked = runner.spec_step, runner.spec_step.sample, []
+
+    def checking(run, fwd, inp, grammar=None):
+        out = sample(run, fwd, inp, grammar)
+        for r, row in enumerate(fwd.out.sampled):  # the history: every token, the pending ones' values too
+            seq = llm.engine.scheduler.seqs.get(row.seq_id)
+            if seq is not None:
+                slot, new = step.batch.slots[row.seq_id], out.tokens_of(r)
+                history = step.batch.token_ids[slot, :step.batch.num_tokens[slot]].tolist()
+                known = seq.token_ids[:seq.num_known_tokens]
+                assert history[:len(known)] == known and history[len(history) - len(new):] == new
+                assert len(history) == seq.num_tokens - 1 + len(new)  # its newest placeholder: this step's
+                checked.append(seq.num_pending_tokens)
+        return out
+
+    step.sample = checking
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert 2 in checked  # a verifying step right after one scheduled ahead: its history came from the handle
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    assert [got[i]["token_ids"] for i in greedy] == [expected[i]["token_ids"] for i in greedy]
+    assert len(got[4]["token_ids"]) == 40
+    assert any(ahead) and llm.engine.spec_totals.num_accepted_tokens > 0
+    assert not runner.spec_step.deferred or all(h.resolved for _, h in runner.spec_step.deferred)
+    llm.engine.scheduler.check_integrity()

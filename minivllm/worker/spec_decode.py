@@ -10,6 +10,8 @@ distribution.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 import torch
 
@@ -18,6 +20,7 @@ from minivllm.sample.spec_metadata import build_spec_sampling_metadata
 from minivllm.spec_decode.proposer import DraftProposal, Proposer, ProposerInputs, no_drafts
 from minivllm.worker.input_batch import InputBatch, StepInputs
 from minivllm.worker.outputs import SampledTokens
+from minivllm.worker.step_handle import StepHandle
 
 
 class SpeculativeStep:
@@ -31,10 +34,41 @@ class SpeculativeStep:
         self.disable_by_batch_size = disable_by_batch_size
         # seq id -> [n, V] the distributions its pending drafts were drawn from (a proposer that samples them)
         self.draft_probs: dict[int, torch.Tensor] = {}
+        # steps sampled without speculation (above disable_by_batch_size), oldest first: {seq id: row} and the
+        # step's handle, whose tokens join the history once they reach the host
+        self.deferred: deque[tuple[dict[int, int], StepHandle]] = deque()
+
+    def verifies(self, out) -> bool:
+        """Whether a step goes through ``sample``: it has drafts to verify, or its batch may propose. A larger
+        batch without drafts is sampled by the plain sampler (the host does not wait for its tokens)."""
+        limit = self.disable_by_batch_size
+        return out.num_draft_tokens > 0 or limit is None or len(out.rows) <= limit
+
+    def defer(self, sampled_rows, handle: StepHandle) -> None:
+        """A step sampled without speculation: its tokens join the history later (those already on the host now)."""
+        self.deferred.append(({r.seq_id: i for i, r in enumerate(sampled_rows)}, handle))
+        while self.deferred and self.deferred[0][1].resolved:
+            self._drain_one()
+
+    def forget_deferred(self, seq_ids) -> None:
+        """Sequences the runner got whole again (their history included): their deferred tokens are not added."""
+        if self.deferred:
+            for seq_id in seq_ids:
+                for rows, _ in self.deferred:
+                    rows.pop(seq_id, None)
+
+    def _drain_one(self) -> None:
+        rows, handle = self.deferred.popleft()
+        token_ids, slots = handle.result().token_ids, self.batch.slots
+        for seq_id, i in rows.items():
+            if seq_id in slots:
+                self.batch.append_tokens(slots[seq_id], (token_ids[i],))
 
     def sample(self, runner, fwd, inp: StepInputs, grammar=None) -> SampledTokens:
         """Verify the step's drafts, record the new tokens and propose the next drafts: the step's host results.
         ``runner``: the ``ModelRunner`` (its sampler, penalties, generator and batch)."""
+        while self.deferred:  # the history is whole before anything is proposed from it
+            self._drain_one()
         rows = fwd.out.sampled
         num_drafts = [r.num_draft_tokens for r in rows]
         drafts = [r.token_ids[len(r.token_ids) - r.num_draft_tokens:] for r in rows]
@@ -52,6 +86,7 @@ class SpeculativeStep:
         probs = self._verified_probs(seq_ids, num_drafts, drafts, fwd.logits.shape[1])
         res = rejection_sample(fwd.logits, num_drafts, flat, probs, md, triton=runner.sampler.fused)
         tokens = res.token_id_lists()  # one copy to the host
+        runner.prev_sampled = res.last_token_ids  # [rows]: a step scheduled ahead reads them (no drafts then)
         if runner.penalties.rows:
             runner.penalties.record(seq_ids, res.sampled_token_ids, num_drafts, res.emitted)
         lengths = [len(t) for t in tokens]
