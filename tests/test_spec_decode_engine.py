@@ -278,8 +278,6 @@ class _SampledNgram:
         self.calls = 0
 
     def propose(self, inputs):
-        import torch
-
         from minivllm.spec_decode.proposer import DraftProposal
 
         drafts, num, _ = self.inner.propose(inputs)
