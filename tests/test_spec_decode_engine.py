@@ -367,3 +367,27 @@ def test_above_disable_by_batch_size_async_scheduling_runs_ahead():
     assert any(ahead) and llm.engine.spec_totals.num_accepted_tokens > 0
     assert not runner.spec_step.deferred or all(h.resolved for _, h in runner.spec_step.deferred)
     llm.engine.scheduler.check_integrity()
+
+
+def test_a_proposer_that_needs_every_step_sees_the_large_batches(monkeypatch):
+    """A model-based proposer keeps a KV cache of its own: above disable_by_batch_size it is still called each
+    step, asked for no drafts; an n-gram proposer is not called there."""
+    from minivllm.spec_decode.ngram_drafter import NgramDrafter
+    from minivllm.worker import model_runner
+
+    calls = []
+
+    class Recording(NgramDrafter):
+        needs_every_step = True
+
+        def propose(self, inputs):
+            calls.append((inputs.num_rows, int(inputs.max_drafts.max())))
+            return super().propose(inputs)
+
+    monkeypatch.setattr(model_runner, "build_proposer", lambda spec, *a: Recording(4, 2, 4))
+    params = [SamplingParams(temperature=0, max_tokens=8 + 8 * i, ignore_eos=True) for i in range(4)]
+    expected = LLM(DEMO_MODEL, device="cpu").generate(REPETITIVE_PROMPTS[:4], params, use_tqdm=False)
+    llm = spec_llm(DEMO_MODEL, {**NGRAM, "disable_by_batch_size": 2}, async_scheduling=True)
+    got = llm.generate(REPETITIVE_PROMPTS[:4], params, use_tqdm=False)
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
+    assert {m for n, m in calls if n > 2} == {0} and {m for n, m in calls if n <= 2} == {4}

@@ -66,6 +66,10 @@ class Proposer(Protocol):
     num_speculative_tokens: int
     #: target layers whose hidden states ``ProposerInputs.hidden_states`` carries (EAGLE-3: three); () for none
     hidden_state_layers: tuple[int, ...]
+    #: it must see every step, even one whose rows may not draft (its own KV cache computes every token); False:
+    #: it reads only the runner's token history (n-gram), so such steps are sampled without it (the runner
+    #: treats a proposer without this attribute as True)
+    needs_every_step: bool
 
     def propose(self, inputs: ProposerInputs) -> DraftProposal:
         """Each row's drafts for the next step (no row more than its ``max_drafts``)."""

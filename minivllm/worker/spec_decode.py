@@ -32,6 +32,7 @@ class SpeculativeStep:
         self.batch = batch
         self.k = proposer.num_speculative_tokens
         self.disable_by_batch_size = disable_by_batch_size
+        self.needs_every_step = getattr(proposer, "needs_every_step", True)
         # seq id -> [n, V] the distributions its pending drafts were drawn from (a proposer that samples them)
         self.draft_probs: dict[int, torch.Tensor] = {}
         # steps sampled without speculation (above disable_by_batch_size), oldest first: {seq id: row} and the
@@ -42,7 +43,7 @@ class SpeculativeStep:
         """Whether a step goes through ``sample``: it has drafts to verify, or its batch may propose. A larger
         batch without drafts is sampled by the plain sampler (the host does not wait for its tokens)."""
         limit = self.disable_by_batch_size
-        return out.num_draft_tokens > 0 or limit is None or len(out.rows) <= limit
+        return out.num_draft_tokens > 0 or self.needs_every_step or limit is None or len(out.rows) <= limit
 
     def defer(self, sampled_rows, handle: StepHandle) -> None:
         """A step sampled without speculation: its tokens join the history later (those already on the host now)."""
@@ -149,10 +150,11 @@ class SpeculativeStep:
 
     def _propose(self, fwd, inp: StepInputs, lengths: list[int], out: SampledTokens) -> DraftProposal:
         """The proposer's drafts for every row of the step (none for rows not sampled, nor past
-        ``disable_by_batch_size``)."""
+        ``disable_by_batch_size``: a proposer that needs every step still sees it, asked for no drafts)."""
         all_rows = fwd.out.rows
         n = len(all_rows)
-        if n == 0 or (self.disable_by_batch_size is not None and n > self.disable_by_batch_size):
+        disabled = self.disable_by_batch_size is not None and n > self.disable_by_batch_size
+        if n == 0 or (disabled and not self.needs_every_step):
             return no_drafts(n, self.k)
         batch = self.batch
         slots = np.fromiter((batch.slots[r.seq_id] for r in all_rows), dtype=np.int64, count=n)
@@ -165,7 +167,7 @@ class SpeculativeStep:
         inputs = ProposerInputs(
             seq_ids=tuple(r.seq_id for r in all_rows), slots=slots, token_ids=batch.token_ids,
             num_tokens=batch.num_tokens[slots], num_accepted=accepted, next_token_ids=next_ids,
-            max_drafts=np.where(sampled, self.k, 0).astype(np.int32),
+            max_drafts=np.where(sampled & (not disabled), self.k, 0).astype(np.int32),
             input_ids=torch.from_numpy(inp.input_ids).to(device), positions=torch.from_numpy(inp.positions).to(device),
             slot_mapping=torch.from_numpy(inp.slot_mapping).to(device), cu_seqlens_q=inp.cu_seqlens_q,
             block_tables=inp.block_tables)
