@@ -45,9 +45,9 @@ class Scheduler:
     (``Sequence.spec_token_ids``, from the previous step's output), as many as the token budget, ``max_tokens``
     and ``max_model_len`` leave room for. Their slots are allocated as lookahead and the computed count advances
     past them; ``update_from_output`` rolls the count back by the drafts rejected. No drafts are scheduled in a
-    step of more than ``disable_by_batch_size`` running sequences, nor for a sequence whose sampling reads the
-    values of its tokens on the host or follows a grammar. NOTE: a step with drafts must be updated before the
-    next one is scheduled (the engine resolves it first): drafts need the value of the token they follow.
+    step of more than ``disable_by_batch_size`` running sequences, nor for a sequence that cannot speculate
+    (``Sequence.can_speculate``), nor after a pending token. NOTE: a step with drafts must be updated before the
+    next one is scheduled (the engine resolves it first): how many tokens it adds is known only then.
     """
 
     def __init__(self, block_manager: BlockManager | KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,

@@ -46,6 +46,7 @@ class ProposerInputs:
 
     @property
     def num_rows(self) -> int:
+        """The step's rows."""
         return len(self.seq_ids)
 
 
