@@ -36,6 +36,8 @@ class NewRequestData(NamedTuple):
     # the device slot of its LoRA adapter (``SchedulerOutput.lora_loads`` fills it), -1: the base model; fixed
     # while the sequence runs
     lora_slot: int = -1
+    # every token id it holds (speculative decoding: the n-gram proposer reads the runner's copy); None otherwise
+    all_token_ids: tuple[int, ...] | None = None
 
 
 class ScheduledRow(NamedTuple):
@@ -60,6 +62,9 @@ class ScheduledRow(NamedTuple):
     # the blocks added to each KV cache group's table past the first (a hybrid model) since the runner's last
     # view; None: no group past the first, or no block added
     new_group_block_ids: tuple[tuple[int, ...], ...] | None = None
+    # speculative decoding: the last ``num_draft_tokens`` of ``token_ids`` are drafts after the sequence's newest
+    # token; the row is verified at each of its last ``num_draft_tokens + 1`` positions
+    num_draft_tokens: int = 0
 
 
 class SchedulerOutput(NamedTuple):
@@ -79,6 +84,7 @@ class SchedulerOutput(NamedTuple):
     # (slot, adapter): load these LoRA adapters into these device slots before the step (each replaces the
     # adapter its slot held, which no running sequence uses)
     lora_loads: tuple[tuple[int, LoRARequest], ...] = ()
+    num_draft_tokens: int = 0  # speculative drafts among the decode tokens
 
     @property
     def num_batched_tokens(self) -> int:
