@@ -9,7 +9,7 @@ without a slot only while some slot is idle: at most ``max_loras`` distinct adap
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 from minivllm.lora.request import LoRARequest
 
@@ -78,9 +78,9 @@ class LoRASlots:
         adapter = self.adapters[slot]
         return adapter is None or adapter not in self.users
 
-    def check_integrity(self, running: dict[LoRARequest, int] | None = None) -> None:
-        """Assert the invariants; ``running`` (adapter -> running sequences of it), when given, must equal
-        ``users``."""
+    def check_integrity(self, running: list[LoRARequest] | None = None) -> None:
+        """Assert the invariants; ``running`` (the adapter of each running sequence that has one), when given,
+        must count as ``users`` does."""
         assert len(self.users) <= self.max_loras, f"{len(self.users)} adapters run on {self.max_loras} slots"
         assert sorted(self._lru) == list(range(self.max_loras)), "a slot is lost from the LRU order"
         for lora, slot in self.slot_of.items():
@@ -89,4 +89,5 @@ class LoRASlots:
         assert self.users.keys() <= self.slot_of.keys(), "a running adapter has no slot"
         assert all(n > 0 for n in self.users.values())
         if running is not None:
+            running = dict(Counter(running))
             assert running == self.users, f"running sequences per adapter {running}, counted {self.users}"

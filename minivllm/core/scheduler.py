@@ -8,9 +8,9 @@ from collections import deque
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.lora_slots import LoRASlots
-from minivllm.core.scheduler_output import NewRequestData, ScheduledRow, SchedulerOutput
+from minivllm.core.scheduler_output import NewRequestData, ScheduledRow, SchedulerOutput, new_request_data
 from minivllm.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
-from minivllm.core.stop import check_stop, ends_by_length
+from minivllm.core.stop import check_stop, draft_room, ends_by_length
 from minivllm.lora.request import LoRARequest
 
 __all__ = ["Scheduler", "SchedulerOutput"]
@@ -24,36 +24,33 @@ _output = functools.partial(tuple.__new__, SchedulerOutput)
 class Scheduler:
     """Decides, each step, which sequences compute how many tokens.
 
-    Order within the ``max_num_batched_tokens`` budget: running decode sequences (one token
-    each), then running partial prefills, then new sequences from the waiting queue (FCFS).
-    A prompt that does not fit what is left of the budget (or exceeds
-    ``long_prefill_threshold``) is computed in chunks; it stays RUNNING meanwhile and is
-    sampled only once every token is computed. When blocks run out, the running sequence
-    with the least progress is preempted: its blocks are freed and it goes back to the head
-    of the waiting queue, to be recomputed (its full blocks usually come back from the
-    prefix cache).
+    Order within the ``max_num_batched_tokens`` budget: running decode sequences (one token each), then
+    running partial prefills, then new sequences from the waiting queue (FCFS). A prompt that does not fit
+    what is left of the budget (or exceeds ``long_prefill_threshold``) is computed in chunks; it stays RUNNING
+    meanwhile and is sampled only once every token is computed. When blocks run out, the running sequence with
+    the least progress is preempted: its blocks are freed and it goes back to the head of the waiting queue,
+    to be recomputed (its full blocks usually come back from the prefix cache).
 
-    ``schedule`` returns a frozen ``SchedulerOutput`` and accounts for the step at once (computed
-    counts advance, each sampled row appends a placeholder token); ``update_from_output`` later writes
-    the step's sampled tokens and finishes the sequences that stop. The output is a delta against what the
-    runner already holds: the scheduler remembers how many block ids of each running sequence it has sent
+    ``schedule`` returns a frozen ``SchedulerOutput`` and accounts for the step at once (computed counts
+    advance, each sampled row appends a placeholder token); ``update_from_output`` later writes the step's
+    sampled tokens and finishes the sequences that stop. The output is a delta against what the runner already
+    holds: the scheduler remembers how many block ids of each running sequence it has sent
     (``_runner_blocks``) and which sequences left since the last output (``_gone``).
 
     ``block_manager``: one ``BlockManager`` (a one-group cache), or a ``KVCacheManager`` of several KV cache
-    groups; either way the scheduler works through a ``KVCacheManager`` (``self.block_manager``). Groups past the
-    first send their blocks in ``NewRequestData.group_block_ids`` / ``ScheduledRow.new_group_block_ids``.
+    groups; either way the scheduler works through a ``KVCacheManager`` (``self.block_manager``). Groups past
+    the first send their blocks in ``NewRequestData.group_block_ids`` / ``ScheduledRow.new_group_block_ids``.
 
     ``max_loras`` (0: no LoRA): the device slots of LoRA adapters (``lora_slots``). A waiting sequence whose
     adapter has no slot while every slot serves running sequences is held back (the sequences behind it may
     still be admitted); an admission that puts an adapter into a slot lists it in the output's ``lora_loads``.
 
     Speculative decoding (``num_speculative_tokens > 0``): a decode row also computes its sequence's drafts
-    (``Sequence.spec_token_ids``, from the previous step's output), as many as the token budget, ``max_tokens``
-    and ``max_model_len`` leave room for. Their slots are allocated as lookahead and the computed count advances
-    past them; ``update_from_output`` rolls the count back by the drafts rejected. No drafts are scheduled in a
-    step of more than ``disable_by_batch_size`` running sequences, nor for a sequence that cannot speculate
-    (``Sequence.can_speculate``), nor after a pending token. NOTE: a step with drafts must be updated before the
-    next one is scheduled (the engine resolves it first): how many tokens it adds is known only then.
+    (``Sequence.spec_token_ids``, proposed with the previous step's output) within the budget and
+    ``draft_room``, their slots allocated as lookahead; ``update_from_output`` rolls the computed count back
+    by the rejected ones. No drafts past ``disable_by_batch_size`` running sequences, for a sequence that
+    cannot speculate, or after a pending token. NOTE: a step with drafts is updated before the next one is
+    scheduled (the engine resolves it first): how many tokens it adds is known only then.
     """
 
     def __init__(self, block_manager: BlockManager | KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
@@ -195,28 +192,20 @@ class Scheduler:
         return self._output(scheduled, preempted, num_cached, num_admitted, tuple(loads))
 
     def may_speculate(self) -> bool:
-        """Whether the next ``schedule`` may give rows drafts: speculation is on and the running batch is no
-        larger than ``disable_by_batch_size``. Otherwise a step in flight need not report before it (the engine
-        then keeps scheduling one step ahead)."""
+        """Whether the next ``schedule`` may give rows drafts (if not, the engine may schedule one step ahead)."""
         return self.num_speculative_tokens > 0 and (
             self.disable_by_batch_size is None or len(self.running) <= self.disable_by_batch_size)
 
     def _num_drafts(self, seq: Sequence, budget: int) -> int:
-        """How many of ``seq``'s drafts a decode row computes this step: within what is left of the token budget,
-        and no more than ``max_tokens`` and ``max_model_len`` leave room for after its newest token."""
+        """How many of ``seq``'s drafts its decode row computes this step (``draft_room``: what is left of them)."""
         if seq.is_prefilling or seq.num_pending_tokens or not seq.can_speculate:
             return 0
-        room = min(budget, self.max_model_len - seq.num_tokens)
-        max_tokens = seq.sampling_params.max_tokens
-        if max_tokens is not None:
-            room = min(room, max_tokens - seq.num_completion_tokens)
-        return max(0, min(len(seq.spec_token_ids), room - 1))
+        return min(len(seq.spec_token_ids), draft_room(seq, budget, self.max_model_len))
 
     def _output(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence], num_cached: int,
                 num_admitted: int, lora_loads: tuple[tuple[int, LoRARequest], ...] = ()) -> SchedulerOutput:
         """The step's frozen output of the ``(sequence, new tokens)`` rows ``scheduled``; then advance each row's
-        computed count and give each sampled row a placeholder for its token (its value arrives with
-        ``update_from_output``)."""
+        computed count, and give each sampled row a placeholder token (valued by ``update_from_output``)."""
         rows: list[ScheduledRow] = []
         sampled: list[ScheduledRow] = []
         new: list[NewRequestData] = []
@@ -255,8 +244,8 @@ class Scheduler:
             new_groups = None
             if held is None:
                 lora_slot = self.lora_slots.slot_of[seq.lora_request] if seq.lora_request is not None else -1
-                new.append(self._new_request(seq, table, group_tables(seq_id)[1:] if group_tables else (),
-                                             lora_slot))
+                new.append(new_request_data(seq, table, group_tables(seq_id)[1:] if group_tables else (),
+                                            lora_slot, with_token_ids=self.num_speculative_tokens > 0))
                 new_blocks = ()
             else:
                 new_blocks = table[held:] if len(table) > held else ()
@@ -281,21 +270,6 @@ class Scheduler:
             gone, self._gone = tuple(self._gone), []
         return _output((tuple(rows), tuple(sampled), tuple(new), gone, num_prefill, num_decode,
                         tuple(s.seq_id for s in preempted), num_cached, num_admitted, lora_loads, num_draft))
-
-    def _new_request(self, seq: Sequence, table: tuple[int, ...], group_tables: tuple[tuple[int, ...], ...],
-                     lora_slot: int = -1) -> NewRequestData:
-        """What the runner keeps of a sequence it has not seen; the token values sampling reads only if it does,
-        and every token when speculating (the proposer reads them)."""
-        params = seq.sampling_params
-        prompt = output = None
-        if params.has_penalties:
-            # all known: a sequence waits for its pending token before it runs again after a preemption
-            output = tuple(seq.token_ids[seq.num_prompt_tokens:])
-            if params.repetition_penalty != 1.0:
-                prompt = tuple(seq.token_ids[:seq.num_prompt_tokens])
-        all_ids = tuple(seq.token_ids[:seq.num_known_tokens]) if self.num_speculative_tokens else None
-        return NewRequestData(seq.seq_id, params, table, prompt, output, seq.bad_words_token_ids, group_tables,
-                              lora_slot, all_ids)
 
     def _pick_victim(self, seq: Sequence, scheduled_ids: set[int]) -> Sequence:
         """The unscheduled running sequence (or ``seq`` itself) with the fewest computed tokens, newest first."""
@@ -334,8 +308,8 @@ class Scheduler:
         rejected, and tokens after one that stops the sequence are dropped (``Sequence.num_new_tokens``: how many
         were appended). ``draft_token_ids[i]``: the drafts proposed after them, for the next step.
 
-        Rows of sequences that finished meanwhile (a stop found one step earlier, an abort) are
-        dropped. Returns ``(row, sequence)`` for each sequence that received a token.
+        Rows of sequences that finished meanwhile (a stop found one step earlier, an abort) are dropped.
+        Returns ``(row, sequence)`` for each sequence that received a token.
         """
         if len(out.sampled) != len(sampled_token_ids):
             raise RuntimeError(f"{len(sampled_token_ids)} sampled tokens for {len(out.sampled)} sampled rows")
@@ -404,14 +378,7 @@ class Scheduler:
         assert len(self.running) <= self.max_num_seqs
         for seq in self.running:
             assert seq.status == SequenceStatus.RUNNING
-            assert 0 <= seq.num_pending_tokens <= 2, f"{seq}: {seq.num_pending_tokens} pending tokens"
-            assert all(t == PLACEHOLDER for t in seq.token_ids[seq.num_known_tokens:])
-            in_flight = self._drafts_in_flight.get(seq.seq_id, 0)
-            assert seq.num_computed_tokens <= seq.num_tokens + in_flight - (1 if in_flight else 0), (
-                f"{seq}: computed past its tokens and its {in_flight} drafts in flight")
-            assert len(seq.spec_token_ids) <= self.num_speculative_tokens, f"{seq}: too many drafts"
-            assert not (in_flight and seq.spec_token_ids), f"{seq}: new drafts before its drafts were verified"
-            assert not (seq.num_pending_tokens and seq.spec_token_ids), f"{seq}: drafts after a pending token"
+            seq.check_integrity(self._drafts_in_flight.get(seq.seq_id, 0), self.num_speculative_tokens)
             bs = self.block_manager.block_size
             assert len(self.block_manager.block_table(seq.seq_id)) >= (seq.num_computed_tokens + bs - 1) // bs
             self.block_manager.check_window(seq)
@@ -429,9 +396,5 @@ class Scheduler:
         for seq_id, n in self._runner_blocks.items():
             assert n <= len(self.block_manager.block_table(seq_id)), f"sequence {seq_id}: runner holds {n} blocks"
         if self.lora_slots is not None:
-            running = {}
-            for seq in self.running:
-                if seq.lora_request is not None:
-                    running[seq.lora_request] = running.get(seq.lora_request, 0) + 1
-            self.lora_slots.check_integrity(running)
+            self.lora_slots.check_integrity([s.lora_request for s in self.running if s.lora_request is not None])
         return self.block_manager.check_integrity()

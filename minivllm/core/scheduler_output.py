@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from minivllm.core.sequence import Sequence
 from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
@@ -97,3 +98,19 @@ class SchedulerOutput(NamedTuple):
     @property
     def is_empty(self) -> bool:
         return not self.rows
+
+
+def new_request_data(seq: Sequence, table: tuple[int, ...], group_tables: tuple[tuple[int, ...], ...],
+                     lora_slot: int = -1, with_token_ids: bool = False) -> NewRequestData:
+    """What the runner keeps of a sequence it has not seen: the token values sampling reads only if it does, and
+    every known token when ``with_token_ids`` (speculative decoding: the proposer reads them)."""
+    params = seq.sampling_params
+    prompt = output = None
+    if params.has_penalties:
+        # all known: a sequence waits for its pending token before it runs again after a preemption
+        output = tuple(seq.token_ids[seq.num_prompt_tokens:])
+        if params.repetition_penalty != 1.0:
+            prompt = tuple(seq.token_ids[:seq.num_prompt_tokens])
+    all_ids = tuple(seq.token_ids[:seq.num_known_tokens]) if with_token_ids else None
+    return NewRequestData(seq.seq_id, params, table, prompt, output, seq.bad_words_token_ids, group_tables,
+                          lora_slot, all_ids)

@@ -184,3 +184,14 @@ class Sequence:
         if self.num_pending_tokens:
             del self.token_ids[len(self.token_ids) - self.num_pending_tokens:]
             self.num_pending_tokens = 0
+
+    def check_integrity(self, drafts_in_flight: int = 0, max_drafts: int = 0) -> None:
+        """Assert a running sequence's own invariants. ``drafts_in_flight``: drafts its row computes in a step not
+        yet updated; ``max_drafts``: the engine's ``num_speculative_tokens``."""
+        assert 0 <= self.num_pending_tokens <= 2, f"{self}: {self.num_pending_tokens} pending tokens"
+        assert all(t == PLACEHOLDER for t in self.token_ids[self.num_known_tokens:])
+        assert self.num_computed_tokens <= self.num_tokens + max(drafts_in_flight - 1, 0), (
+            f"{self}: computed past its tokens and its {drafts_in_flight} drafts in flight")
+        assert len(self.spec_token_ids) <= max_drafts, f"{self}: too many drafts"
+        assert not (drafts_in_flight and self.spec_token_ids), f"{self}: new drafts before its drafts were verified"
+        assert not (self.num_pending_tokens and self.spec_token_ids), f"{self}: drafts after a pending token"
