@@ -17,13 +17,14 @@ from minivllm.config.engine import (
     SchedulerConfig,
     StructuredOutputsConfig,
 )
-from minivllm.config.fields import engine_arg_fields
+from minivllm.config.fields import arg, engine_arg_fields
 from minivllm.config.model import ArchConfig, ModelConfig
 from minivllm.config.sampling import SamplingConfig, WatermarkConfig
+from minivllm.config.speculative import SpeculativeConfig
 from minivllm.envs import Envs, read_envs
 
 __all__ = ["ArchConfig", "CacheConfig", "Config", "DeviceConfig", "ModelConfig", "ParallelConfig",
-           "SamplingConfig", "SchedulerConfig", "StructuredOutputsConfig", "WatermarkConfig"]
+           "SamplingConfig", "SchedulerConfig", "SpeculativeConfig", "StructuredOutputsConfig", "WatermarkConfig"]
 
 #: sub-config attribute of ``Config`` -> its class; every engine argument is a field of one of them
 SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "scheduler_config": SchedulerConfig,
@@ -35,6 +36,7 @@ SUB_CONFIGS = {"model_config": ModelConfig, "cache_config": CacheConfig, "schedu
 class Config:
     """Everything an engine needs, validated; built by :meth:`create` from a checkpoint and engine arguments.
 
+    ``speculative_config`` (an engine argument of its own, vLLM's): speculative decoding, None when off.
     ``envs`` is the snapshot of the environment variables read when the engine starts (``minivllm.envs``).
     """
 
@@ -45,11 +47,19 @@ class Config:
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
+    speculative_config: str | dict | SpeculativeConfig | None = arg(
+        None, "speculative decoding, as vLLM's flag: a JSON object such as "
+              "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (keys: method: ngram, eagle, eagle3 or "
+              "draft_model; num_speculative_tokens; prompt_lookup_min / prompt_lookup_max: the n-gram lengths tried, "
+              "5; model: the draft head's or draft model's folder; draft_tensor_parallel_size; "
+              "disable_by_batch_size: no drafts in a step of more sequences than this)")
     envs: Envs = field(default_factory=read_envs)
 
     def __post_init__(self) -> None:
         mc, sc, dc = self.model_config, self.scheduler_config, self.device_config
         arch = mc.arch
+        if self.speculative_config is not None:
+            self.speculative_config = SpeculativeConfig.of(self.speculative_config)
         if mc.dtype is None:
             mc.dtype = "float32" if dc.device == "cpu" else arch.dtype
         if sc.async_scheduling is None:
@@ -79,8 +89,11 @@ class Config:
 
     @staticmethod
     def engine_arg_names() -> dict[str, str]:
-        """``{engine argument: the sub-config attribute that holds it}``."""
-        return {f.name: attr for attr, cls in SUB_CONFIGS.items() for f in engine_arg_fields(cls)}
+        """``{engine argument: the sub-config attribute that holds it}`` (``Config``'s own arguments map to
+        themselves)."""
+        names = {f.name: attr for attr, cls in SUB_CONFIGS.items() for f in engine_arg_fields(cls)}
+        names.update((f.name, f.name) for f in engine_arg_fields(Config))
+        return names
 
     @classmethod
     def create(cls, model, arch: ArchConfig | None = None, **engine_args) -> Config:
@@ -98,10 +111,11 @@ class Config:
 
             arch = load_arch(model)
         groups: dict[str, dict] = {attr: {} for attr in SUB_CONFIGS}
+        own = {}
         for name, value in engine_args.items():
-            groups[names[name]][name] = value
+            (groups[names[name]] if names[name] in groups else own)[name] = value
         config = cls(ModelConfig(model, arch, **groups.pop("model_config")),
-                     **{attr: SUB_CONFIGS[attr](**kw) for attr, kw in groups.items()})
+                     **{attr: SUB_CONFIGS[attr](**kw) for attr, kw in groups.items()}, **own)
         _check_gpus(config.device_config.device, config.parallel_config.tensor_parallel_size)
         return config
 

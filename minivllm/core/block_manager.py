@@ -164,8 +164,12 @@ class BlockManager:
         return []
 
     # ---------------------------------------------------------------- updates
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] | None = None) -> bool:
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] | None = None,
+                       num_lookahead_tokens: int = 0) -> bool:
         """Make ``seq``'s block table cover ``num_new_tokens`` more tokens; False (and no change) if it can't.
+
+        ``num_lookahead_tokens``: slots for that many tokens past the sequence's end (speculative drafts, computed
+        this step but not yet its tokens): covered by the table, never offered to the prefix cache.
 
         ``computed_blocks`` (from ``get_computed_blocks``) are taken on admission: they become
         the head of the block table and ``seq.num_computed_tokens`` jumps past them. Full blocks
@@ -174,7 +178,7 @@ class BlockManager:
         """
         bs = self.block_size
         table = self._tables.get(seq.seq_id)
-        if table is not None and not computed_blocks and num_new_tokens == 1:
+        if table is not None and not computed_blocks and num_new_tokens == 1 and not num_lookahead_tokens:
             # decode fast path: nothing to release, allocate or cache
             end = seq.num_computed_tokens + 1
             if end <= len(table) * bs and (
@@ -189,7 +193,7 @@ class BlockManager:
         if computed_blocks and table:
             raise RuntimeError(f"prefix hits given for a sequence that already holds blocks: {seq}")
         num_computed, end, num_new_blocks, num_revived = self._needs(seq, table or _EMPTY, num_new_tokens,
-                                                                     computed_blocks)
+                                                                     computed_blocks, num_lookahead_tokens)
         if num_new_blocks + num_revived > len(self.free_queue):
             return False
         if table is None:
@@ -226,24 +230,27 @@ class BlockManager:
         return True
 
     def _needs(self, seq: Sequence, table: tuple[int, ...], num_new_tokens: int,
-               computed_blocks: list[int]) -> tuple[int, int, int, int]:
-        """``(num_computed, end, new blocks, cached blocks revived)`` of an allocation of ``num_new_tokens``."""
+               computed_blocks: list[int], num_lookahead_tokens: int = 0) -> tuple[int, int, int, int]:
+        """``(num_computed, end, new blocks, cached blocks revived)`` of an allocation of ``num_new_tokens`` (and
+        ``num_lookahead_tokens`` past the end); ``end`` leaves the lookahead out."""
         bs = self.block_size
         num_computed = len(computed_blocks) * bs if computed_blocks else seq.num_computed_tokens
         end = num_computed + num_new_tokens
         if end > seq.num_tokens:
             raise RuntimeError(f"scheduling {num_new_tokens} tokens past the end of {seq}")
         num_held = len(computed_blocks) if computed_blocks else len(table)
-        num_new_blocks = max(0, (end + bs - 1) // bs - num_held)
+        num_new_blocks = max(0, (end + num_lookahead_tokens + bs - 1) // bs - num_held)
         num_revived = sum(1 for b in computed_blocks if b != NULL_BLOCK and self.blocks[b].ref_count == 0)
         return num_computed, end, num_new_blocks, num_revived
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] | None = None) -> bool:
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] | None = None,
+                     num_lookahead_tokens: int = 0) -> bool:
         """Whether ``allocate_slots`` with these arguments would succeed (counting the blocks a sliding window
         releases first). Changes nothing."""
         table = self._tables.get(seq.seq_id, _EMPTY)
         computed_blocks = computed_blocks or []
-        _, _, num_new_blocks, num_revived = self._needs(seq, table, num_new_tokens, computed_blocks)
+        _, _, num_new_blocks, num_revived = self._needs(seq, table, num_new_tokens, computed_blocks,
+                                                        num_lookahead_tokens)
         num_released = 0
         if table and self.sliding_window is not None:
             done, stop = self._skipped[seq.seq_id], self.num_skipped_blocks(seq.num_computed_tokens)

@@ -91,15 +91,18 @@ class KVCacheManager:
 
     # ---------------------------------------------------------------- updates
     def allocate_slots(self, seq: Sequence, num_new_tokens: int,
-                       computed_blocks: list[list[int]] | None = None) -> bool:
+                       computed_blocks: list[list[int]] | None = None, num_lookahead_tokens: int = 0) -> bool:
         """Every group's ``allocate_slots``; False (no group's table grown) unless all of them can."""
         if self._single is not None:
-            return self._single.allocate_slots(seq, num_new_tokens, computed_blocks[0] if computed_blocks else None)
-        if not all(m.can_allocate(seq, num_new_tokens, computed_blocks[g] if computed_blocks else None)
+            return self._single.allocate_slots(seq, num_new_tokens, computed_blocks[0] if computed_blocks else None,
+                                               num_lookahead_tokens)
+        if not all(m.can_allocate(seq, num_new_tokens, computed_blocks[g] if computed_blocks else None,
+                                  num_lookahead_tokens)
                    for g, m in enumerate(self.managers)):
             return False
         for g, m in enumerate(self.managers):
-            ok = m.allocate_slots(seq, num_new_tokens, computed_blocks[g] if computed_blocks else None)
+            ok = m.allocate_slots(seq, num_new_tokens, computed_blocks[g] if computed_blocks else None,
+                                  num_lookahead_tokens)
             if not ok:
                 raise RuntimeError(f"KV cache group {g} refused an allocation it said it could make: {seq}")
         return True

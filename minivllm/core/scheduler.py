@@ -40,12 +40,21 @@ class Scheduler:
     ``block_manager``: one ``BlockManager`` (a one-group cache), or a ``KVCacheManager`` of several KV cache
     groups; either way the scheduler works through a ``KVCacheManager`` (``self.block_manager``). Groups past the
     first send their blocks in ``NewRequestData.group_block_ids`` / ``ScheduledRow.new_group_block_ids``.
+
+    Speculative decoding (``num_speculative_tokens > 0``): a decode row also computes its sequence's drafts
+    (``Sequence.spec_token_ids``, from the previous step's output), as many as the token budget, ``max_tokens``
+    and ``max_model_len`` leave room for. Their slots are allocated as lookahead and the computed count advances
+    past them; ``update_from_output`` rolls the count back by the drafts rejected. No drafts are scheduled in a
+    step of more than ``disable_by_batch_size`` running sequences, nor for a sequence whose sampling reads the
+    values of its tokens on the host or follows a grammar. NOTE: a step with drafts must be updated before the
+    next one is scheduled (the engine resolves it first): drafts need the value of the token they follow.
     """
 
     def __init__(self, block_manager: BlockManager | KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, eos_token_ids: list[int] | None = None,
                  enable_chunked_prefill: bool = True, max_num_partial_prefills: int = 1,
-                 max_long_partial_prefills: int = 1, long_prefill_threshold: int = 0):
+                 max_long_partial_prefills: int = 1, long_prefill_threshold: int = 0,
+                 num_speculative_tokens: int = 0, disable_by_batch_size: int | None = None):
         if isinstance(block_manager, BlockManager):
             block_manager = KVCacheManager([block_manager])
         block_manager.check_fits(max_model_len, max_num_batched_tokens)
@@ -69,6 +78,9 @@ class Scheduler:
         # NOTE: the runner's tables keep the ids of blocks a sliding window released since (never sent as
         # NULL_BLOCK): the kernels read no key before a query's window, so a stale id there is never read unmasked
         self._gone: list[int] = []  # sequences the runner held that left the running set since the last output
+        self.num_speculative_tokens = num_speculative_tokens
+        self.disable_by_batch_size = disable_by_batch_size
+        self._drafts_in_flight: dict[int, int] = {}  # seq id -> drafts its row computes in the step not yet updated
 
     # ----------------------------------------------------------------- queues
     def add(self, seq: Sequence) -> None:
@@ -106,6 +118,8 @@ class Scheduler:
 
         decodes = [s for s in self.running if not s.is_prefilling]
         prefills = [s for s in self.running if s.is_prefilling]
+        speculate = self.num_speculative_tokens > 0 and (
+            self.disable_by_batch_size is None or len(self.running) <= self.disable_by_batch_size)
         for seq in decodes + prefills:
             if budget <= 0:
                 break
@@ -115,7 +129,12 @@ class Scheduler:
                 continue  # its pending token is its last one; computing it would be wasted
             remaining = seq.num_uncomputed_tokens
             num_new = min(remaining, budget, self._chunk_cap())
-            while not self._grow(seq, num_new):
+            num_drafts = self._num_drafts(seq, budget) if speculate and seq.spec_token_ids else 0
+            seq.spec_token_ids = seq.spec_token_ids[:num_drafts]
+            while not self._grow(seq, num_new, None, num_drafts):
+                if num_drafts:  # drop the drafts before preempting anyone
+                    num_drafts, seq.spec_token_ids = 0, []
+                    continue
                 victim = self._pick_victim(seq, scheduled_ids)
                 self._preempt(victim)
                 preempted.append(victim)
@@ -128,7 +147,7 @@ class Scheduler:
                 num_long_partial += self._is_long(remaining)
             scheduled.append((seq, num_new))
             scheduled_ids.add(seq.seq_id)
-            budget -= num_new
+            budget -= num_new + num_drafts
 
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
@@ -157,6 +176,17 @@ class Scheduler:
             budget -= num_new
         return self._output(scheduled, preempted, num_cached, num_admitted)
 
+    def _num_drafts(self, seq: Sequence, budget: int) -> int:
+        """How many of ``seq``'s drafts a decode row computes this step: within what is left of the token budget,
+        and no more than ``max_tokens`` and ``max_model_len`` leave room for after its newest token."""
+        if seq.is_prefilling or seq.num_pending_tokens or not seq.can_speculate:
+            return 0
+        room = min(budget, self.max_model_len - seq.num_tokens)
+        max_tokens = seq.sampling_params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - seq.num_completion_tokens)
+        return max(0, min(len(seq.spec_token_ids), room - 1))
+
     def _output(self, scheduled: list[tuple[Sequence, int]], preempted: list[Sequence], num_cached: int,
                 num_admitted: int) -> SchedulerOutput:
         """The step's frozen output of the ``(sequence, new tokens)`` rows ``scheduled``; then advance each row's
@@ -165,14 +195,22 @@ class Scheduler:
         rows: list[ScheduledRow] = []
         sampled: list[ScheduledRow] = []
         new: list[NewRequestData] = []
-        num_prefill = num_decode = 0
+        num_prefill = num_decode = num_draft = 0
         tables, known = self.block_manager.block_table, self._runner_blocks
         group_tables = self.block_manager.group_tables if self.num_groups > 1 else None
         for seq, n in scheduled:
             seq_id, start, tokens = seq.seq_id, seq.num_computed_tokens, seq.token_ids
             num_tokens = len(tokens)
             prev_row = -1
-            if n == 1:
+            drafts = seq.spec_token_ids
+            if drafts:
+                if start != num_tokens - 1 or seq.num_pending_tokens:
+                    raise RuntimeError(f"drafts scheduled for a sequence that is not decoding a known token: {seq}")
+                ids = (tokens[start], *drafts)
+                num_draft += len(drafts)
+                self._drafts_in_flight[seq_id] = len(drafts)
+                seq.spec_token_ids = []
+            elif n == 1:
                 token = tokens[start]
                 if token == PLACEHOLDER:
                     if start != num_tokens - 1:
@@ -186,7 +224,7 @@ class Scheduler:
             if num_tokens - start > 1:
                 num_prefill += n
             else:
-                num_decode += n
+                num_decode += n + len(ids) - 1
             table = tables(seq_id)
             held = known.get(seq_id)
             new_groups = None
@@ -198,15 +236,16 @@ class Scheduler:
                 if group_tables is not None and new_blocks:  # every group's table has the same length
                     new_groups = tuple(t[held:] for t in group_tables(seq_id)[1:])
             known[seq_id] = len(table)
-            seq.num_computed_tokens = start + n
+            seq.num_computed_tokens = start + len(ids)
             prompt_lps = seq.prompt_logprob_targets(start, n) if seq.prompt_logprobs is not None else None
             if start + n < num_tokens:
                 rows.append(_row((seq_id, start, ids, new_blocks, prev_row, False, 0, None, prompt_lps, None,
-                                  new_groups)))
+                                  new_groups, 0)))
                 continue
             tail = seq.output_tail() if seq.reads_output_values else None
             row = _row((seq_id, start, ids, new_blocks, prev_row, True, num_tokens - seq.num_prompt_tokens, tail,
-                        prompt_lps, seq.forced_token() if seq.thinking_budget is not None else None, new_groups))
+                        prompt_lps, seq.forced_token() if seq.thinking_budget is not None else None, new_groups,
+                        len(ids) - n))
             rows.append(row)
             seq.append_placeholder(len(sampled))
             sampled.append(row)
@@ -214,12 +253,12 @@ class Scheduler:
         if rows:  # NOTE: an empty step is never launched, so its news would not reach the runner
             gone, self._gone = tuple(self._gone), []
         return _output((tuple(rows), tuple(sampled), tuple(new), gone, num_prefill, num_decode,
-                        tuple(s.seq_id for s in preempted), num_cached, num_admitted))
+                        tuple(s.seq_id for s in preempted), num_cached, num_admitted, num_draft))
 
-    @staticmethod
-    def _new_request(seq: Sequence, table: tuple[int, ...],
+    def _new_request(self, seq: Sequence, table: tuple[int, ...],
                      group_tables: tuple[tuple[int, ...], ...]) -> NewRequestData:
-        """What the runner keeps of a sequence it has not seen; the token values sampling reads only if it does."""
+        """What the runner keeps of a sequence it has not seen; the token values sampling reads only if it does,
+        and every token when speculating (the proposer reads them)."""
         params = seq.sampling_params
         prompt = output = None
         if params.has_penalties:
@@ -227,7 +266,9 @@ class Scheduler:
             output = tuple(seq.token_ids[seq.num_prompt_tokens:])
             if params.repetition_penalty != 1.0:
                 prompt = tuple(seq.token_ids[:seq.num_prompt_tokens])
-        return NewRequestData(seq.seq_id, params, table, prompt, output, seq.bad_words_token_ids, group_tables)
+        all_ids = tuple(seq.token_ids[:seq.num_known_tokens]) if self.num_speculative_tokens else None
+        return NewRequestData(seq.seq_id, params, table, prompt, output, seq.bad_words_token_ids, group_tables,
+                              all_ids)
 
     def _pick_victim(self, seq: Sequence, scheduled_ids: set[int]) -> Sequence:
         """The unscheduled running sequence (or ``seq`` itself) with the fewest computed tokens, newest first."""
@@ -238,6 +279,8 @@ class Scheduler:
         """The runner may drop ``seq`` (it left the running set): named in the next output."""
         if self._runner_blocks.pop(seq.seq_id, None) is not None:
             self._gone.append(seq.seq_id)
+        self._drafts_in_flight.pop(seq.seq_id, None)
+        seq.spec_token_ids = []
 
     def _preempt(self, seq: Sequence) -> None:
         self._forget(seq)
@@ -249,8 +292,14 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     # ------------------------------------------------------------ outputs
-    def update_from_output(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> list[tuple[int, Sequence]]:
+    def update_from_output(self, out: SchedulerOutput, sampled_token_ids: list[int] | list[list[int]],
+                           draft_token_ids: list[list[int]] | None = None) -> list[tuple[int, Sequence]]:
         """Write a step's sampled tokens (row ``i`` -> ``out.sampled[i]``), finish stopped sequences.
+
+        ``sampled_token_ids[i]``: the row's token, or (speculative decoding) the list of its new tokens: the drafts
+        it accepted, then the token sampled after them; the computed count is rolled back by the drafts it
+        rejected, and tokens after one that stops the sequence are dropped (``Sequence.num_new_tokens``: how many
+        were appended). ``draft_token_ids[i]``: the drafts proposed after them, for the next step.
 
         Rows of sequences that finished meanwhile (a stop found one step earlier, an abort) are
         dropped. Returns ``(row, sequence)`` for each sequence that received a token.
@@ -259,18 +308,37 @@ class Scheduler:
             raise RuntimeError(f"{len(sampled_token_ids)} sampled tokens for {len(out.sampled)} sampled rows")
         updated: list[tuple[int, Sequence]] = []
         any_finished = False
-        for row, (s, token_id) in enumerate(zip(out.sampled, sampled_token_ids)):
+        for row, (s, new_ids) in enumerate(zip(out.sampled, sampled_token_ids)):
             seq = self.seqs.get(s.seq_id)
             if seq is None:  # finished meanwhile
                 continue
-            seq.resolve_token(token_id)
+            if isinstance(new_ids, int):
+                new_ids = (new_ids,)
+            elif len(new_ids) - 1 > s.num_draft_tokens or not new_ids:
+                raise RuntimeError(f"{len(new_ids)} new tokens for a row of {s.num_draft_tokens} drafts: {seq}")
+            if s.num_draft_tokens:  # the rejected drafts' slots are computed again, with the right tokens
+                self._drafts_in_flight.pop(seq.seq_id, None)
+                seq.num_computed_tokens -= s.num_draft_tokens - (len(new_ids) - 1)
             updated.append((row, seq))
-            reason = check_stop(seq, token_id, self.max_model_len, self.eos_token_ids)
+            reason = token_id = None
+            for i, token_id in enumerate(new_ids):
+                if i == 0:
+                    seq.resolve_token(token_id)
+                else:
+                    seq.append_token(token_id)
+                seq.num_new_tokens = i + 1
+                reason = check_stop(seq, token_id, self.max_model_len, self.eos_token_ids)
+                if reason is not None:
+                    break
             if reason is not None:
+                if seq.num_computed_tokens >= seq.num_tokens:  # an accepted draft stopped it
+                    seq.num_computed_tokens = seq.num_tokens - 1
                 if seq.status == SequenceStatus.WAITING:  # preempted while its token was in flight
                     self.waiting.remove(seq)
                 self._finish(seq, reason, stop_reason=token_id if reason == "stop" else None)
                 any_finished = True
+            elif draft_token_ids is not None:
+                seq.spec_token_ids = list(draft_token_ids[row]) if seq.can_speculate else []
         if any_finished:
             self.running = [s for s in self.running if s.status == SequenceStatus.RUNNING]
         return updated
@@ -301,12 +369,18 @@ class Scheduler:
             assert seq.status == SequenceStatus.RUNNING
             assert 0 <= seq.num_pending_tokens <= 2, f"{seq}: {seq.num_pending_tokens} pending tokens"
             assert all(t == PLACEHOLDER for t in seq.token_ids[seq.num_known_tokens:])
-            assert seq.num_computed_tokens <= seq.num_tokens
+            in_flight = self._drafts_in_flight.get(seq.seq_id, 0)
+            assert seq.num_computed_tokens <= seq.num_tokens + in_flight - (1 if in_flight else 0), (
+                f"{seq}: computed past its tokens and its {in_flight} drafts in flight")
+            assert len(seq.spec_token_ids) <= self.num_speculative_tokens, f"{seq}: too many drafts"
+            assert not (in_flight and seq.spec_token_ids), f"{seq}: new drafts before its drafts were verified"
             bs = self.block_manager.block_size
             assert len(self.block_manager.block_table(seq.seq_id)) >= (seq.num_computed_tokens + bs - 1) // bs
             self.block_manager.check_window(seq)
         for seq in self.waiting:
             assert seq.status == SequenceStatus.WAITING and not self.block_manager.block_table(seq.seq_id)
+            assert not seq.spec_token_ids, f"{seq}: a waiting sequence keeps drafts"
+        assert self._drafts_in_flight.keys() <= {s.seq_id for s in self.running}, "drafts in flight of a gone seq"
         ids = [s.seq_id for s in self.running] + [s.seq_id for s in self.waiting]
         assert len(ids) == len(set(ids)), "a sequence is queued twice"
         assert set(ids) == self.seqs.keys(), "the id map and the queues disagree"

@@ -32,6 +32,8 @@ class NewRequestData(NamedTuple):
     # the whole block table of each KV cache group past the first (a hybrid model), in group order; a sliding
     # window's released blocks are ``NULL_BLOCK`` (-1)
     group_block_ids: tuple[tuple[int, ...], ...] = ()
+    # every token id it holds (speculative decoding: the n-gram proposer reads the runner's copy); None otherwise
+    all_token_ids: tuple[int, ...] | None = None
 
 
 class ScheduledRow(NamedTuple):
@@ -56,6 +58,9 @@ class ScheduledRow(NamedTuple):
     # the blocks added to each KV cache group's table past the first (a hybrid model) since the runner's last
     # view; None: no group past the first, or no block added
     new_group_block_ids: tuple[tuple[int, ...], ...] | None = None
+    # speculative decoding: the last ``num_draft_tokens`` of ``token_ids`` are drafts after the sequence's newest
+    # token; the row is verified at each of its last ``num_draft_tokens + 1`` positions
+    num_draft_tokens: int = 0
 
 
 class SchedulerOutput(NamedTuple):
@@ -72,6 +77,7 @@ class SchedulerOutput(NamedTuple):
     preempted_seq_ids: tuple[int, ...] = ()
     num_cached_tokens: int = 0  # prefix-cache hit tokens of the sequences admitted this step
     num_admitted_tokens: int = 0  # tokens of the sequences admitted this step (hit-rate denominator)
+    num_draft_tokens: int = 0  # speculative drafts among the decode tokens
 
     @property
     def num_batched_tokens(self) -> int:

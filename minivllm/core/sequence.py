@@ -33,6 +33,11 @@ class Sequence:
     ``pending_row`` is the newest one's row in its step's sampled-token tensor, which the
     next step reads on the device instead of the host value.
 
+    With speculative decoding, ``spec_token_ids`` are the drafts proposed after its newest token, which the
+    next step computes after it (``num_computed_tokens`` then runs ahead of the tokens until the step's output
+    rolls back the rejected ones); ``num_new_tokens`` is how many tokens its latest output appended (accepted
+    drafts and the one sampled after them).
+
     ``seq_id`` is given by the engine (unique among its live sequences). Its KV blocks are the block
     manager's (``BlockManager.block_table(seq_id)``).
     """
@@ -68,6 +73,8 @@ class Sequence:
         # the positions it deduplicates against (``watermark_history``: ``WatermarkConfig.history``)
         self.output_context = max(self.bad_word_context, watermark_history)
         self.thinking_budget = thinking_budget  # thinking_token_budget: it reads every token's value
+        self.spec_token_ids: list[int] = []  # drafts to verify after its newest token (speculative decoding)
+        self.num_new_tokens = 0  # tokens the latest step output appended
         self._thinking = ThinkingTracker(thinking_budget) if thinking_budget is not None else None
 
     def __len__(self) -> int:
@@ -124,6 +131,12 @@ class Sequence:
         """Sampling reads the values of its newest generated tokens on the host (bad words of several tokens, the
         watermark)."""
         return self.output_context > 0 or self.thinking_budget is not None
+
+    @property
+    def can_speculate(self) -> bool:
+        """Drafts may be verified after its tokens: its sampling at a position reads no token values on the host
+        and follows no grammar (a draft position would need the grammar advanced over the drafts before it)."""
+        return not self.reads_output_values and self.sampling_params.structured_outputs is None
 
     def forced_token(self) -> int | None:
         """The token the next step must sample (``thinking_token_budget`` forcing the reasoning's end), or None."""

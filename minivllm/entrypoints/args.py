@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import MISSING
 
-from minivllm.config import SUB_CONFIGS
+from minivllm.config import SUB_CONFIGS, Config
 from minivllm.config.fields import engine_arg_fields
 from minivllm.config.server import ServerConfig
 
@@ -31,7 +31,7 @@ def flags_of(*classes) -> list[tuple[str, str, object, dict]]:
 
 def engine_flags() -> list[tuple[str, str, object, dict]]:
     """The flags of every engine argument."""
-    return flags_of(*SUB_CONFIGS.values())
+    return flags_of(*SUB_CONFIGS.values(), Config)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
