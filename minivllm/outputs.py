@@ -101,6 +101,12 @@ class StepStats:
     prefix_cache_hit_tokens: int = 0
     prefix_cache_query_tokens: int = 0
     step_time: float = 0.0
+    # speculative decoding, of the step results this call reported: rows that verified drafts, the drafts, those
+    # accepted, and those accepted at each draft position (vLLM's ``vllm:spec_decode_*`` counters)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
     @property
     def kv_cache_usage(self) -> float:

@@ -338,7 +338,8 @@ class Scheduler:
                 self._finish(seq, reason, stop_reason=token_id if reason == "stop" else None)
                 any_finished = True
             elif draft_token_ids is not None:
-                seq.spec_token_ids = list(draft_token_ids[row]) if seq.can_speculate else []
+                k = self.num_speculative_tokens if seq.can_speculate else 0
+                seq.spec_token_ids = list(draft_token_ids[row][:k])
         if any_finished:
             self.running = [s for s in self.running if s.status == SequenceStatus.RUNNING]
         return updated

@@ -20,6 +20,7 @@ from minivllm.engine.detokenizer import IncrementalDetokenizer, special_token_id
 from minivllm.engine.input_processor import EngineRequest, InputProcessor
 from minivllm.engine.progress import BatchProgress
 from minivllm.engine.request_state import RequestState
+from minivllm.engine.spec_decode_stats import SpecDecodeCounters
 from minivllm.engine.structured_output import GrammarBitmask, StructuredOutputManager
 from minivllm.engine.tokenizer import load_tokenizer
 from minivllm.outputs import RequestOutput, StepStats
@@ -60,6 +61,7 @@ class LLMEngine:
             raise ValueError("data_parallel_size > 1: one engine is one replica; LLM(model, data_parallel_size=N) "
                              "and `minivllm serve --data-parallel-size N` run N of them on Ray")
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        spec = config.speculative_config
         self.executor = create_executor(config)
         self.num_kvcache_blocks = self.executor.num_kvcache_blocks
         self.tokenizer = None if mc.skip_tokenizer_init else load_tokenizer(mc.model)
@@ -77,11 +79,17 @@ class LLMEngine:
             max_model_len=mc.max_model_len, eos_token_ids=eos, enable_chunked_prefill=sc.enable_chunked_prefill,
             max_num_partial_prefills=sc.max_num_partial_prefills,
             max_long_partial_prefills=sc.max_long_partial_prefills,
-            long_prefill_threshold=sc.long_prefill_threshold)
+            long_prefill_threshold=sc.long_prefill_threshold,
+            num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
+            disable_by_batch_size=spec.disable_by_batch_size if spec is not None else None)
         self.structured = None if self.tokenizer is None else StructuredOutputManager(
             self.tokenizer, mc.arch.vocab_size, eos, config.structured_outputs_config)
         self.processor = InputProcessor(config, self.tokenizer, self.structured)
         self.async_scheduling = sc.async_scheduling
+        self.speculative = spec is not None
+        # speculative decoding's counters since the engine started, and those of the results not yet reported
+        self.spec_totals = SpecDecodeCounters(spec.num_speculative_tokens if spec is not None else 0)
+        self._spec_step = SpecDecodeCounters(self.spec_totals.k)
         self._requests: dict[str, RequestState] = {}
         self._seq_to_request: dict[int, tuple[RequestState, int]] = {}
         self._in_flight: InFlightStep | None = None
@@ -186,9 +194,10 @@ class LLMEngine:
         # requests whose grammar finished compiling join the scheduler
         if self.structured is not None and self.structured.num_compiling:
             touched.update(self._admit_compiled())
-        # bad words of several tokens read the newest token values: the step in flight reports before scheduling
-        if self._in_flight is not None and self._value_readers and any(
-                seq.reads_output_values for seq in self.scheduler.running):
+        # bad words of several tokens read the newest token values, and drafts follow the newest token: the step
+        # in flight reports before scheduling
+        if self._in_flight is not None and (self.speculative or self._value_readers and any(
+                seq.reads_output_values for seq in self.scheduler.running)):
             touched.update(self._resolve(self._sample(self._in_flight)))
             self._in_flight = None
         sched = self.scheduler.schedule()
@@ -214,6 +223,10 @@ class LLMEngine:
             kv_blocks_used=bm.num_used_blocks, kv_blocks_total=bm.num_blocks,
             prefix_cache_hit_tokens=sched.num_cached_tokens, prefix_cache_query_tokens=sched.num_admitted_tokens,
             step_time=time.perf_counter() - t0)
+        if self._spec_step.num_drafts:
+            c, self._spec_step = self._spec_step, SpecDecodeCounters(self.spec_totals.k)
+            stats.spec_num_drafts, stats.spec_num_draft_tokens = c.num_drafts, c.num_draft_tokens
+            stats.spec_num_accepted_tokens, stats.spec_accepted_per_pos = c.num_accepted_tokens, tuple(c.per_pos)
         return outputs, stats
 
     def _mark_scheduled(self, sched: SchedulerOutput) -> None:
@@ -265,16 +278,26 @@ class LLMEngine:
             owner = self._seq_to_request.get(seq_id)
             if owner is not None:
                 owner[0].on_prompt_logprobs(first, entries)
-        updated = self.scheduler.update_from_output(sched, sampled.token_ids)
+        if sampled.row_starts is None:
+            updated = self.scheduler.update_from_output(sched, sampled.token_ids)
+        else:
+            updated = self.scheduler.update_from_output(sched, sampled.new_tokens(), sampled.draft_token_ids)
+            for c in (self.spec_totals, self._spec_step):
+                c.add(sampled)
         now = time.monotonic()
         grammars = self.structured.grammars if self.structured is not None else None
         report: dict[str, RequestState] = {}
         for row, seq in updated:
             req, i = self._seq_to_request[seq.seq_id]
-            if grammars and seq.seq_id in grammars and self.structured.accept(seq.seq_id, sampled.token_ids[row]):
-                if not seq.is_finished:  # the grammar is complete: nothing but EOS may follow
-                    self.scheduler.finish(seq, "stop")
-            req.on_token(i, seq, sampled.token_ids[row], sampled.logprobs_of(row), now, self.scheduler.finish)
+            tokens = sampled.tokens_of(row)[:seq.num_new_tokens] if sampled.row_starts is not None else \
+                (sampled.token_ids[row],)
+            for j, token in enumerate(tokens):
+                if grammars and seq.seq_id in grammars and self.structured.accept(seq.seq_id, token):
+                    if not seq.is_finished:  # the grammar is complete: nothing but EOS may follow
+                        self.scheduler.finish(seq, "stop")
+                if req.on_token(i, seq, token, sampled.logprobs_of(row, j), now, self.scheduler.finish,
+                                last=j == len(tokens) - 1):
+                    break  # tokens after a stop string are dropped
             if req.stream or seq.is_finished:  # offline requests report only at the end
                 report[req.request_id] = req
         return report

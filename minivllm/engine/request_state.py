@@ -39,8 +39,10 @@ class RequestState:
             known.extend(entries[len(known) - first:])
 
     def on_token(self, i: int, seq: Sequence, token_id: int, logprobs: dict[int, float] | None, now: float,
-                 finish) -> None:
-        """Completion ``i`` (sequence ``seq``) got ``token_id``; ``finish(seq, "stop", s)`` ends it on a stop string."""
+                 finish, last: bool = True) -> bool:
+        """Completion ``i`` (sequence ``seq``) got ``token_id``; ``finish(seq, "stop", s)`` ends it on a stop string.
+        ``last``: the newest of the tokens the step gave it (speculative decoding gives several; a sequence the
+        scheduler finished ends at its last one). Returns whether the completion ended at this token."""
         out = self.output.outputs[i]
         self.output.last_token_time = now
         if self.output.first_token_time is None:
@@ -49,16 +51,22 @@ class RequestState:
         out.delta_token_ids.append(token_id)
         if logprobs is not None:
             out.delta_logprobs = (out.delta_logprobs or []) + [logprobs]
+        ended = seq.is_finished and last
         detok = self.detoks[i]
         if detok is not None:
-            if seq.is_finished and seq.finish_reason == "stop" and seq.stop_reason == token_id:
+            if ended and seq.finish_reason == "stop" and seq.stop_reason == token_id:
                 out.delta_text += detok.finish()  # a stop token id adds no text (as in vLLM)
             else:
-                out.delta_text += detok.step([token_id], finished=seq.is_finished)
-                if detok.finished_by_stop and not seq.is_finished:
-                    finish(seq, "stop", detok.stop_reason)
-        if seq.is_finished:
+                out.delta_text += detok.step([token_id], finished=ended)
+                if detok.finished_by_stop and not ended:
+                    if seq.is_finished:  # a later token of this step had ended it: the stop string ends it here
+                        seq.finish_reason, seq.stop_reason = "stop", detok.stop_reason
+                    else:
+                        finish(seq, "stop", detok.stop_reason)
+                    ended = True
+        if seq.is_finished and (ended or not last):
             out.finish_reason, out.stop_reason = seq.finish_reason, seq.stop_reason
+        return ended
 
     def snapshot(self, decode) -> tuple[RequestOutput, list[int]]:
         """Fold the deltas gathered since the last report into the output; return a view of it.

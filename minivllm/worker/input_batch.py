@@ -26,7 +26,9 @@ class StepInputs:
     cu_seqlens_q: np.ndarray  # [num_rows + 1] int32
     context_lens: np.ndarray  # [num_rows] int32
     block_tables: np.ndarray  # [num_rows, max_blocks] int32, -1 padded
-    sample_indices: np.ndarray  # [num_sampled] int64, flat token index of each sampled row's last token
+    # [num_sampled] int64, flat token index of each sampled row's last token (a row with d drafts: of its last
+    # d + 1 tokens, in order)
+    sample_indices: np.ndarray
     max_seqlen_q: int
     max_context_len: int
     is_decode: bool
@@ -54,9 +56,14 @@ class InputBatch:
     cache groups (``block_table``: group 0's; ``group_block_tables``: the others', positions aligned). A sliding
     window's released block (``NULL_BLOCK``) is stored as block 0: a real block, which the kernels never read
     unmasked (it lies before every query's window).
+
+    ``track_tokens`` (speculative decoding): each slot also keeps its sequence's token ids (``token_ids``, its
+    first ``num_tokens`` entries), sent whole when the sequence is new to the runner and extended with each step's
+    new tokens (``append_tokens``); the n-gram proposer reads them.
     """
 
-    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int, num_groups: int = 1):
+    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int, num_groups: int = 1,
+                 track_tokens: bool = False):
         self.block_size = block_size
         self.max_blocks = -(-max_model_len // block_size)
         self.block_table = np.full((max_num_seqs, self.max_blocks), -1, dtype=np.int32)  # [slots, max_blocks]
@@ -66,6 +73,8 @@ class InputBatch:
         self.params: dict[int, SamplingParams] = {}  # seq id -> its sampling parameters
         self.bad_words: dict[int, tuple[tuple[int, ...], ...]] = {}  # seq id -> its bad words' token ids
         self._free = list(range(max_num_seqs - 1, -1, -1))
+        self.token_ids = np.zeros((max_num_seqs, max_model_len), dtype=np.int32) if track_tokens else None
+        self.num_tokens = np.zeros(max_num_seqs, dtype=np.int32)  # [slots]: tokens held in ``token_ids``
 
     def update(self, out: SchedulerOutput) -> None:
         """Forget the sequences that left, take the new ones whole, extend the block tables of the others."""
@@ -86,12 +95,24 @@ class InputBatch:
                 raise RuntimeError("the runner's batch is full: the scheduler ran more than max_num_seqs sequences")
             slot = self.slots[req.seq_id] = self._free.pop()
             self._append_blocks(slot, req.block_ids, req.group_block_ids)
+            if self.token_ids is not None:
+                if req.all_token_ids is None:
+                    raise RuntimeError(f"sequence {req.seq_id} came without its token ids, which the batch keeps")
+                self.num_tokens[slot] = 0
+                self.append_tokens(slot, req.all_token_ids)
             self.params[req.seq_id] = req.params
             if req.bad_words_token_ids:
                 self.bad_words[req.seq_id] = req.bad_words_token_ids
         for row in out.rows:
             if row.new_block_ids:
                 self._append_blocks(self.slots[row.seq_id], row.new_block_ids, row.new_group_block_ids or ())
+
+    def append_tokens(self, slot: int, token_ids) -> None:
+        """Extend slot ``slot``'s token ids (``track_tokens``) by ``token_ids``, up to ``max_model_len``."""
+        n = int(self.num_tokens[slot])
+        k = min(len(token_ids), self.token_ids.shape[1] - n)
+        self.token_ids[slot, n:n + k] = token_ids[:k]
+        self.num_tokens[slot] = n + k
 
     def _append_blocks(self, slot: int, block_ids: tuple[int, ...],
                        group_block_ids: tuple[tuple[int, ...], ...] = ()) -> None:
@@ -136,7 +157,12 @@ class InputBatch:
         group_slots = tuple(t[token_slots, block_index].astype(np.int64) * bs + offset
                             for t in self.group_block_tables)
         group_tables = tuple(t[slots, :width] for t in self.group_block_tables)
-        sample_indices = np.fromiter((cu[i + 1] - 1 for i, r in enumerate(rows) if r.sampled), dtype=np.int64)
+        if out.num_draft_tokens:  # a row with drafts is verified at its last 1 + drafts positions
+            sample_indices = np.fromiter(
+                itertools.chain.from_iterable(range(cu[i + 1] - 1 - r.num_draft_tokens, cu[i + 1])
+                                              for i, r in enumerate(rows) if r.sampled), dtype=np.int64)
+        else:
+            sample_indices = np.fromiter((cu[i + 1] - 1 for i, r in enumerate(rows) if r.sampled), dtype=np.int64)
         ph = [(cu[i], r.prev_sampled_row) for i, r in enumerate(rows) if r.prev_sampled_row >= 0]
         prompt_index: list[int] = []
         for i, r in enumerate(rows):

@@ -38,9 +38,11 @@ from minivllm.sample.prompt_logprobs import PromptLogprobs, prompt_logits, promp
 from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.sample.sharded import ShardedSampler, sharded_temperatures
 from minivllm.sampling_params import SamplingParams
+from minivllm.spec_decode.factory import build_proposer
 from minivllm.worker.input_batch import InputBatch, StepInputs, dummy_prefill_inputs
 from minivllm.worker.kv_cache import bind_cache, block_bytes, cpu_num_blocks, gpu_num_blocks, new_cache
 from minivllm.worker.outputs import SampledTokens
+from minivllm.worker.spec_decode import SpeculativeStep
 from minivllm.worker.step_handle import StepHandle
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -56,6 +58,7 @@ class Forward(NamedTuple):
     params: list[SamplingParams]  # of the sampled rows
     bad_words: list[tuple[tuple[int, ...], ...]] | None  # of the sampled rows (None: no row has any)
     temperatures: np.ndarray | None  # [sampled rows]: the step samples each rank's slice (None: gathered)
+    inputs: StepInputs | None = None  # the step's inputs (speculative decoding: the proposer reads them)
 
 
 def device_for_rank(config: Config, rank: int) -> torch.device:
@@ -102,17 +105,26 @@ class ModelRunner:
                 layer.kv_group = group
         self.vocab_size = mc.arch.vocab_size
         self.eos_token_ids = list(mc.arch.eos_token_ids)
-        self.batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.block_size, len(self.kv_cache_specs))
+        spec = config.speculative_config
+        self.batch = InputBatch(sc.max_num_seqs, mc.max_model_len, self.block_size, len(self.kv_cache_specs),
+                                track_tokens=spec is not None and rank == 0)
+        # speculative decoding: rank 0 verifies drafts and proposes the next ones (every rank computes the drafts'
+        # positions, which the scheduler sends in each row's tokens)
+        self.spec_step = None
+        if spec is not None and rank == 0:
+            self.spec_step = SpeculativeStep(build_proposer(spec), self.batch, spec.disable_by_batch_size)
         # sampling: rank 0, or every rank on its vocabulary slice (decided per step from the batch, the same on
         # every rank); unseeded rows draw from this engine's own generator, not torch's global one
         self.sampler = Sampler(fused=dc.triton_sampling)
         self.generator = torch.Generator(device=self.device).manual_seed(mc.seed)
         self.penalties = PenaltyState(self.vocab_size, self.device) if rank == 0 else None
         self.watermark = config.sampling_config.watermark_config  # the watermark is sampled on rank 0 alone
-        self.sharded_sampling = tp_group is not None and dc.triton_sampling and self.watermark is None
+        self.sharded_sampling = (tp_group is not None and dc.triton_sampling and self.watermark is None
+                                 and spec is None)
         self.shard_sampler = ShardedSampler(self.model.lm_head, self.device) if self.sharded_sampling else None
         self.num_sharded_steps = 0  # steps sampled sharded (a check for tests and benchmarks)
-        self.share_sampled = tp_group is not None and sc.async_scheduling
+        # NOTE: with speculative decoding every step's tokens are known to the scheduler before the next is built
+        self.share_sampled = tp_group is not None and sc.async_scheduling and spec is None
         self.prev_sampled: torch.Tensor | None = None
         self.graph_runner = None  # NOTE: before the profiling forward, which runs eagerly
         #: each KV cache group's ``(sliding_window, num_blocks)``, in group order (the engine's block managers')
@@ -232,7 +244,7 @@ class ModelRunner:
         params = [self.batch.params[s.seq_id] for s in out.sampled]
         words = self.batch.bad_words
         bad_words = [words.get(s.seq_id, ()) for s in out.sampled] if words else None
-        return Forward(out, logits, prompt, params, bad_words, temps)
+        return Forward(out, logits, prompt, params, bad_words, temps, inp if self.spec_step is not None else None)
 
     @torch.inference_mode()
     def finish_step(self, fwd: Forward, grammar=None) -> StepHandle:
@@ -241,6 +253,8 @@ class ModelRunner:
         self.prev_sampled = None
         if fwd.logits is None:
             return StepHandle.ready(SampledTokens([]), fwd.prompt)
+        if self.spec_step is not None:
+            return StepHandle.ready(self.spec_step.sample(self, fwd, fwd.inputs, grammar), fwd.prompt)
         if fwd.temperatures is not None:
             res = self._sample_sharded(fwd)
         else:
@@ -272,6 +286,8 @@ class ModelRunner:
         if self.penalties is not None:
             for seq_id in out.finished_seq_ids:
                 self.penalties.remove(seq_id)
+        if self.spec_step is not None and out.finished_seq_ids:
+            self.spec_step.proposer.remove(out.finished_seq_ids)
             for req in out.new_requests:
                 if req.params.has_penalties:
                     self.penalties.add(req.seq_id, req.prompt_token_ids, req.output_token_ids or ())

@@ -1,0 +1,42 @@
+"""Speculative decoding's counters (vLLM's ``vllm:spec_decode_*`` metrics) and what they give: the acceptance
+rate and the mean acceptance length."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecDecodeCounters:
+    """Counts over verified steps: ``num_drafts`` (rows that verified drafts), ``num_draft_tokens``,
+    ``num_accepted_tokens`` and ``per_pos[i]`` (rows that accepted their draft at position ``i``, of ``k``)."""
+
+    k: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.per_pos:
+            self.per_pos = [0] * self.k
+
+    def add(self, sampled) -> None:
+        """Count one step's results (a ``SampledTokens`` of a speculative step)."""
+        self.num_drafts += sampled.num_drafts
+        self.num_draft_tokens += sampled.num_draft_tokens
+        per_pos = sampled.accepted_per_pos or ()
+        self.num_accepted_tokens += sum(per_pos)
+        for i, n in enumerate(per_pos):
+            self.per_pos[i] += n
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over proposed drafts (0 when none were proposed)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a verifying row gains per step: 1 (the target's own token) plus the drafts it accepts (vLLM's
+        definition; 1 when none were proposed)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
