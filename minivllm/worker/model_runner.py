@@ -59,6 +59,8 @@ class Forward(NamedTuple):
     bad_words: list[tuple[tuple[int, ...], ...]] | None  # of the sampled rows (None: no row has any)
     temperatures: np.ndarray | None  # [sampled rows]: the step samples each rank's slice (None: gathered)
     inputs: StepInputs | None = None  # the step's inputs (speculative decoding: the proposer reads them)
+    # [step tokens, hidden * len(aux_layers)]: the target's streams entering the proposer's layers (EAGLE-3)
+    hidden_states: torch.Tensor | None = None
 
 
 def device_for_rank(config: Config, rank: int) -> torch.device:
@@ -112,7 +114,10 @@ class ModelRunner:
         # positions, which the scheduler sends in each row's tokens)
         self.spec_step = None
         if spec is not None and rank == 0:
-            self.spec_step = SpeculativeStep(build_proposer(spec), self.batch, spec.disable_by_batch_size)
+            self.spec_step = SpeculativeStep(build_proposer(spec, self), self.batch, spec.disable_by_batch_size)
+        #: target layers whose input streams the proposer reads (EAGLE-3), and the newest step's ([tokens, ...])
+        self.aux_layers = self.spec_step.proposer.hidden_state_layers if self.spec_step is not None else ()
+        self.aux_hidden: torch.Tensor | None = None
         # sampling: rank 0, or every rank on its vocabulary slice (decided per step from the batch, the same on
         # every rank); unseeded rows draw from this engine's own generator, not torch's global one
         self.sampler = Sampler(fused=dc.triton_sampling)
@@ -130,7 +135,11 @@ class ModelRunner:
         #: each KV cache group's ``(sliding_window, num_blocks)``, in group order (the engine's block managers')
         self.kv_cache_groups = self._init_kv_cache()
         self.num_kvcache_blocks = sum(n for _, n in self.kv_cache_groups)
-        if self.device.type == "cuda" and not dc.enforce_eager:
+        if self.proposer_layers:  # the draft model's or head's own cache, over the same block ids
+            self.spec_step.proposer.init_kv_cache(self.kv_cache_groups[0][1], self.block_size, sc.max_num_seqs,
+                                                  self.kv_dtype)
+        # NOTE: the decode graphs return no auxiliary hidden states: a proposer that reads them runs eagerly
+        if self.device.type == "cuda" and not dc.enforce_eager and not self.aux_layers:
             from minivllm.worker.cuda_graphs import DecodeGraphRunner
 
             self.graph_runner = DecodeGraphRunner(self.model, self.device, self.dtype, mc.arch.hidden_size,
@@ -148,6 +157,15 @@ class ModelRunner:
         one group gets exactly that many blocks."""
         cc, sc, mc = self.config.cache_config, self.config.scheduler_config, self.config.model_config
         nbytes = block_bytes(self.attn_layers, self.block_size, self.kv_dtype)
+        # a model-based proposer's cache mirrors group 0's blocks: each of those blocks costs its bytes too
+        proposer = self.spec_step.proposer if self.spec_step is not None else None
+        self.proposer_layers = proposer.attention_layers() if hasattr(proposer, "attention_layers") else []
+        extra = block_bytes(self.proposer_layers, self.block_size, self.kv_dtype) if self.proposer_layers else 0
+        if extra and len(self.kv_cache_specs) > 1:
+            raise ValueError("speculative_config.method "
+                             f"{self.config.speculative_config.method!r} needs a target of one KV cache group "
+                             "(no sliding-window layers)")
+        nbytes += extra
         max_blocks = -(-mc.max_model_len // self.block_size)
         if cc.num_kvcache_blocks is not None:
             num_blocks = cc.num_kvcache_blocks
@@ -162,6 +180,7 @@ class ModelRunner:
             num_blocks = gpu_num_blocks(self.device, cc.gpu_memory_utilization, nbytes,
                                         4 * sc.max_num_seqs * max_blocks + 1)
         group_bytes = [block_bytes(layers, self.block_size, self.kv_dtype) for layers in self.group_layers]
+        group_bytes[0] += extra
         per_seq = [blocks_per_seq(g.sliding_window, mc.max_model_len, self.block_size) for g in self.kv_cache_specs]
         chunk = sc.max_num_batched_tokens  # one sequence's worst: its whole chunk past the window
         worst = [blocks_per_seq(g.sliding_window, mc.max_model_len, self.block_size, chunk)
@@ -244,7 +263,8 @@ class ModelRunner:
         params = [self.batch.params[s.seq_id] for s in out.sampled]
         words = self.batch.bad_words
         bad_words = [words.get(s.seq_id, ()) for s in out.sampled] if words else None
-        return Forward(out, logits, prompt, params, bad_words, temps, inp if self.spec_step is not None else None)
+        return Forward(out, logits, prompt, params, bad_words, temps, inp if self.spec_step is not None else None,
+                       self.aux_hidden)
 
     @torch.inference_mode()
     def finish_step(self, fwd: Forward, grammar=None) -> StepHandle:
@@ -252,6 +272,8 @@ class ModelRunner:
         on their way to the host. NOTE: before the next step starts: that one reads these tokens on the device."""
         self.prev_sampled = None
         if fwd.logits is None:
+            if self.proposer_layers:  # a model-based proposer still computes the step's tokens into its cache
+                self.spec_step.catch_up(self, fwd)
             return StepHandle.ready(SampledTokens([]), fwd.prompt)
         if self.spec_step is not None:
             return StepHandle.ready(self.spec_step.sample(self, fwd, fwd.inputs, grammar), fwd.prompt)
@@ -345,7 +367,10 @@ class ModelRunner:
             input_ids = self._to_device(inp.input_ids)  # [num_tokens]
             if prev is not None:
                 input_ids[self._to_device(inp.prev_token_index)] = prev[self._to_device(inp.prev_token_src)]
-            hidden = self.model(input_ids, self._to_device(inp.positions), meta)
+            if self.aux_layers:
+                hidden, self.aux_hidden = self.model(input_ids, self._to_device(inp.positions), meta, self.aux_layers)
+            else:
+                hidden = self.model(input_ids, self._to_device(inp.positions), meta)
         prompt = None
         if inp.prompt_logprob_index is not None:
             prompt = prompt_logits(self.model, hidden[self._to_device(inp.prompt_logprob_index)])

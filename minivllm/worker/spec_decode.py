@@ -100,7 +100,7 @@ class SpeculativeStep:
             self._logprobs(out, res, keep, fwd.params)
         for r, seq_id in enumerate(seq_ids):
             self.batch.append_tokens(self.batch.slots[seq_id], out.tokens_of(r))
-        proposal = self._propose(fwd, inp, lengths, out)
+        proposal = self._propose(runner, fwd, inp, lengths, out)
         out.draft_token_ids = [proposal.token_ids[i, :n].tolist() for i, n in enumerate(proposal.num_drafts)
                                if fwd.out.rows[i].sampled]
         return out
@@ -129,12 +129,18 @@ class SpeculativeStep:
         if res.token_id_logprobs is not None:
             out.chosen_logprobs = res.token_id_logprobs[index].tolist()
 
-    def _propose(self, fwd, inp: StepInputs, lengths: list[int], out: SampledTokens) -> DraftProposal:
+    def catch_up(self, runner, fwd) -> None:
+        """A step without sampled rows (prefill chunks): a model-based proposer still computes its tokens into
+        its own KV cache (it drafts nothing)."""
+        self._propose(runner, fwd, fwd.inputs, [], None)
+
+    def _propose(self, runner, fwd, inp: StepInputs, lengths: list[int], out: SampledTokens | None) -> DraftProposal:
         """The proposer's drafts for every row of the step (none for rows not sampled, nor past
-        ``disable_by_batch_size``)."""
+        ``disable_by_batch_size``: a model-based proposer is still called then, to keep its KV cache)."""
         all_rows = fwd.out.rows
         n = len(all_rows)
-        if n == 0 or (self.disable_by_batch_size is not None and n > self.disable_by_batch_size):
+        disabled = self.disable_by_batch_size is not None and n > self.disable_by_batch_size
+        if n == 0 or (disabled and not runner.proposer_layers):
             return no_drafts(n, self.k)
         batch = self.batch
         slots = np.fromiter((batch.slots[r.seq_id] for r in all_rows), dtype=np.int64, count=n)
@@ -142,13 +148,14 @@ class SpeculativeStep:
         accepted = np.zeros(n, dtype=np.int32)
         next_ids = np.full(n, -1, dtype=np.int64)
         accepted[sampled] = np.asarray(lengths, dtype=np.int32) - 1
-        next_ids[sampled] = [out.tokens_of(r)[-1] for r in range(len(lengths))]
-        device = fwd.logits.device
+        if lengths:
+            next_ids[sampled] = [out.tokens_of(r)[-1] for r in range(len(lengths))]
+        device = runner.device
         inputs = ProposerInputs(
             seq_ids=tuple(r.seq_id for r in all_rows), slots=slots, token_ids=batch.token_ids,
             num_tokens=batch.num_tokens[slots], num_accepted=accepted, next_token_ids=next_ids,
-            max_drafts=np.where(sampled, self.k, 0).astype(np.int32),
+            max_drafts=np.where(sampled & (not disabled), self.k, 0).astype(np.int32),
             input_ids=torch.from_numpy(inp.input_ids).to(device), positions=torch.from_numpy(inp.positions).to(device),
             slot_mapping=torch.from_numpy(inp.slot_mapping).to(device), cu_seqlens_q=inp.cu_seqlens_q,
-            block_tables=inp.block_tables)
+            block_tables=inp.block_tables, hidden_states=fwd.hidden_states)
         return self.proposer.propose(inputs)
