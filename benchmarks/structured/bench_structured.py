@@ -55,7 +55,7 @@ def bench_mask(tokenizer_dir: str, rows: int, steps: int, device: str, threads: 
     from minivllm.core.scheduler_output import ScheduledRow, SchedulerOutput
     from minivllm.engine.structured_output import StructuredOutputManager
     from minivllm.sample.metadata import build_sampling_metadata
-    from minivllm.sample.sampler import Sampler
+    from minivllm.sample.sampler import Sampler, apply_grammar
     from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
 
     V = 151_936
@@ -90,7 +90,7 @@ def bench_mask(tokenizer_dir: str, rows: int, steps: int, device: str, threads: 
         md = build_sampling_metadata([params] * rows, [()] * rows, [()] * rows, [], dev, V,
                                      grammar=(mask.rows, mask.bitmask))
         x = logits.clone()
-        sampler._apply_grammar(x, md.grammar_rows, md.grammar_bitmask)
+        apply_grammar(x, md.grammar_rows, md.grammar_bitmask, sampler.fused)
         sync()
         apply.append(time.perf_counter() - t0)
         t0 = time.perf_counter()

@@ -72,10 +72,17 @@ class PenaltyState:
         index = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
         return self.counts.index_select(0, index), self.prompt_mask.index_select(0, index)
 
-    def record(self, seq_ids: Sequence[int], sampled: torch.Tensor) -> None:
-        """Count each sampled row's new token (``sampled``: [B] int64 on the device, row ``i`` of ``seq_ids``)
-        into its sequence's row, on the device."""
-        pairs = [(i, self.rows[s]) for i, s in enumerate(seq_ids) if s in self.rows]
+    def record(self, seq_ids: Sequence[int], sampled: torch.Tensor, num_drafts: Sequence[int] | None = None,
+               emitted: torch.Tensor | None = None) -> None:
+        """Count each sampled row's new tokens into its sequence's row, on the device: ``sampled`` is [B] int64
+        (row ``i`` of ``seq_ids``), or with ``num_drafts`` (a speculative step: row ``i`` owns ``num_drafts[i] + 1``
+        positions) the rejection sampler's [P] tokens, of which those ``emitted`` ([P] bool) count."""
+        per_row = [1] * len(seq_ids) if num_drafts is None else [n + 1 for n in num_drafts]
+        pairs, first = [], 0
+        for s, n in zip(seq_ids, per_row, strict=True):
+            if s in self.rows:
+                pairs.extend((first + j, self.rows[s]) for j in range(n))
+            first += n
         if not pairs:
             return
         which, rows = zip(*pairs)
@@ -84,7 +91,8 @@ class PenaltyState:
         if self.device.type == "cuda":
             which_t = which_t.pin_memory().to(self.device, non_blocking=True)
             rows_t = rows_t.pin_memory().to(self.device, non_blocking=True)
-        ones = torch.ones(len(rows), dtype=torch.float32, device=self.device)
+        ones = (torch.ones(len(rows), dtype=torch.float32, device=self.device) if emitted is None
+                else emitted.index_select(0, which_t).to(torch.float32))  # [n]: 0 at positions not emitted
         self.counts.index_put_((rows_t, sampled.index_select(0, which_t)), ones, accumulate=True)
 
     def check_integrity(self) -> None:

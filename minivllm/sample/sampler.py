@@ -54,6 +54,10 @@ Processing order and exact formulas, for row ``b`` with raw logits ``l`` (float3
 Logprobs are ``log_softmax`` of the RAW logits (before 1-8) at the sampled token, and the top
 ``max_num_logprobs`` alternatives of that same distribution, sorted descending; a row with
 ``logprob_token_ids`` gets that distribution at its ids instead (vLLM's).
+
+Speculative decoding verifies several positions per row with the same steps: ``process_logits`` (1-3),
+``apply_sampling_filters`` (5-8) and ``gather_logprobs`` work on any number of rows of metadata, and
+``minivllm.sample.rejection_sampler`` calls them with one metadata row per position.
 """
 
 from __future__ import annotations
@@ -75,7 +79,19 @@ from minivllm.sample.watermark import gumbel_watermark_sample
 
 
 @dataclass
+class LogprobsTensors:
+    """The logprobs of one token per sampled position (``gather_logprobs``), each ``None`` where not asked."""
+
+    logprobs: torch.Tensor  # [N] float32, raw log_softmax at the sampled ids
+    top_logprobs_ids: torch.Tensor | None = None  # [N, k] int64, sorted by descending logprob
+    top_logprobs: torch.Tensor | None = None  # [N, k] float32
+    token_id_logprobs: torch.Tensor | None = None  # [N, M] float32, at metadata.logprob_token_ids
+
+
+@dataclass
 class SamplerOutput:
+    """The sampler's tokens of a step, one per row, and the logprobs the rows asked for."""
+
     sampled_token_ids: torch.Tensor  # [B] int64
     logprobs: torch.Tensor | None = None  # [B] float32, raw log_softmax at the sampled ids
     top_logprobs_ids: torch.Tensor | None = None  # [B, k] int64, sorted by descending logprob
@@ -110,6 +126,64 @@ def _gumbel_seeds(md: SamplingMetadata, device: torch.device) -> torch.Tensor:
     return gumbel_keys(md.batch_size, md.seeded_keys, device, md.generator)
 
 
+def apply_grammar(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor, triton: bool = False) -> None:
+    """The grammar's ``-inf`` on ``x`` ([N, V] float32, in place) at ``rows``: one Triton pass with ``triton``
+    (where Triton runs), else torch."""
+    if triton:
+        from minivllm.kernels.grammar_mask import apply_grammar_bitmask
+
+        apply_grammar_bitmask(x, rows, bitmask)
+    else:
+        from minivllm.kernels.torch_backend import apply_grammar_bitmask_ref
+
+        apply_grammar_bitmask_ref(x, rows, bitmask)
+
+
+def modifies_logits(md: SamplingMetadata) -> bool:
+    """Whether steps 1-3 (or a forced token) change any row's logits."""
+    return (md.banned_rows is not None or md.edits is not None or not md.no_penalties
+            or md.grammar_rows is not None or md.forced_rows is not None)
+
+
+def process_logits(logits: torch.Tensor, md: SamplingMetadata, triton: bool = False) -> torch.Tensor:
+    """Steps 1-3 and the forced tokens: a float32 copy of ``logits`` ([N, V]; one row of ``md`` per row of it,
+    each a position to sample) with token edits, the grammar, bans and penalties applied. ``logits`` itself stays
+    raw, for the logprobs."""
+    x = logits.to(torch.float32, copy=True)  # [N, V]
+    x = apply_token_edits(x, md.edits)
+    if md.grammar_rows is not None:
+        apply_grammar(x, md.grammar_rows, md.grammar_bitmask, triton)
+    x = apply_bans(x, md)
+    x = apply_penalties(x, md)
+    if md.forced_rows is not None:  # every other token of a forced row is out
+        x[md.forced_rows] = float("-inf")
+        x[md.forced_rows, md.forced_ids] = 0.0
+    return x
+
+
+def apply_sampling_filters(x: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Steps 5-8 on processed logits ``x`` ([N, V] float32, in place): temperature, top-k / top-p, min-p
+    (``-inf`` where filtered); ``softmax`` of the result is the distribution a random row draws from."""
+    if md.temperature is not None:
+        x.div_(md.temperature.unsqueeze(1))
+    x = apply_top_k_top_p(x, md)
+    return apply_min_p(x, md)
+
+
+def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, md: SamplingMetadata) -> LogprobsTensors | None:
+    """The logprobs the rows of ``md`` asked for (None: none did), of the raw ``logits`` ([N, V]) at
+    ``token_ids`` ([N] int64): the token's, the top ``max_num_logprobs`` and those at ``logprob_token_ids``."""
+    if md.max_num_logprobs is None and md.logprob_token_ids is None:
+        return None
+    raw = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # [N, V]
+    out = LogprobsTensors(logprobs=raw.gather(1, token_ids.unsqueeze(1)).squeeze(1))
+    if md.max_num_logprobs:
+        out.top_logprobs, out.top_logprobs_ids = torch.topk(raw, md.max_num_logprobs, dim=-1)
+    if md.logprob_token_ids is not None:
+        out.token_id_logprobs = raw.gather(1, md.logprob_token_ids)
+    return out
+
+
 class Sampler(nn.Module):
     """``forward(logits [B, V], metadata) -> SamplerOutput``; no host synchronization inside.
 
@@ -123,39 +197,19 @@ class Sampler(nn.Module):
         super().__init__()
         self.fused = fused
 
-    def _apply_grammar(self, x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
-        """The grammar's ``-inf`` on ``x`` ([B, V] float32): one Triton pass where Triton runs, else torch."""
-        if self.fused:
-            from minivllm.kernels.grammar_mask import apply_grammar_bitmask
-
-            apply_grammar_bitmask(x, rows, bitmask)
-        else:
-            from minivllm.kernels.torch_backend import apply_grammar_bitmask_ref
-
-            apply_grammar_bitmask_ref(x, rows, bitmask)
-
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        """Sample one token per row of ``logits`` ([B, V]) with the rows' parameters in ``md``."""
         if logits.dim() != 2 or logits.shape[0] != md.batch_size:
             raise ValueError(f"logits must be [{md.batch_size}, V], got {tuple(logits.shape)}")
         if md.output_counts is not None and md.output_counts.shape[1] != logits.shape[1]:
             raise ValueError("metadata vocab_size does not match the logits width")
 
-        modifies = (md.banned_rows is not None or md.edits is not None or not md.no_penalties
-                    or md.grammar_rows is not None or md.forced_rows is not None)
         fused = (self.fused and not md.all_greedy
                  and md.no_top_k and md.no_top_p and md.no_min_p and md.watermark_rows is None)
-        if (md.all_greedy or fused) and not modifies:
+        if (md.all_greedy or fused) and not modifies_logits(md):
             x = logits  # argmax, or the fused pass that reads the logits once: no copy
         else:
-            x = logits.to(torch.float32, copy=True)  # `logits` itself stays raw for the logprobs
-            x = apply_token_edits(x, md.edits)
-            if md.grammar_rows is not None:
-                self._apply_grammar(x, md.grammar_rows, md.grammar_bitmask)
-            x = apply_bans(x, md)
-            x = apply_penalties(x, md)
-            if md.forced_rows is not None:  # every other token of a forced row is out
-                x[md.forced_rows] = float("-inf")
-                x[md.forced_rows, md.forced_ids] = 0.0
+            x = process_logits(logits, md, self.fused)
 
         if md.all_greedy:
             sampled = torch.argmax(x, dim=-1)
@@ -166,10 +220,7 @@ class Sampler(nn.Module):
 
                 sampled = gumbel_sample(x, _gumbel_seeds(md, x.device), md.temperature)
             else:
-                if md.temperature is not None:
-                    x.div_(md.temperature.unsqueeze(1))
-                x = apply_top_k_top_p(x, md)
-                x = apply_min_p(x, md)
+                x = apply_sampling_filters(x, md)
                 probs = torch.softmax(x, dim=-1)
                 sampled = _exponential_race(probs, md)
                 if md.watermark_rows is not None:
@@ -177,12 +228,5 @@ class Sampler(nn.Module):
             if greedy is not None:
                 sampled = torch.where(md.greedy_mask, greedy, sampled)
 
-        out = SamplerOutput(sampled_token_ids=sampled)
-        if md.max_num_logprobs is not None or md.logprob_token_ids is not None:
-            raw = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-            out.logprobs = raw.gather(1, sampled.unsqueeze(1)).squeeze(1)
-            if md.max_num_logprobs:
-                out.top_logprobs, out.top_logprobs_ids = torch.topk(raw, md.max_num_logprobs, dim=-1)
-            if md.logprob_token_ids is not None:
-                out.token_id_logprobs = raw.gather(1, md.logprob_token_ids)
-        return out
+        lp = gather_logprobs(logits, sampled, md)
+        return SamplerOutput(sampled_token_ids=sampled, **(vars(lp) if lp is not None else {}))

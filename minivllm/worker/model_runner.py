@@ -308,11 +308,11 @@ class ModelRunner:
         if self.penalties is not None:
             for seq_id in out.finished_seq_ids:
                 self.penalties.remove(seq_id)
-        if self.spec_step is not None and out.finished_seq_ids:
-            self.spec_step.proposer.remove(out.finished_seq_ids)
             for req in out.new_requests:
                 if req.params.has_penalties:
                     self.penalties.add(req.seq_id, req.prompt_token_ids, req.output_token_ids or ())
+        if self.spec_step is not None and out.finished_seq_ids:
+            self.spec_step.proposer.remove(out.finished_seq_ids)
         temps = None
         if self.sharded_sampling and out.sampled:
             temps = sharded_temperatures([self.batch.params[s.seq_id] for s in out.sampled],

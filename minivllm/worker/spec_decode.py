@@ -66,6 +66,7 @@ class SpeculativeStep:
         num_drafts = [r.num_draft_tokens for r in rows]
         drafts = [r.token_ids[len(r.token_ids) - r.num_draft_tokens:] for r in rows]
         pos_row, pos_j, starts = position_layout(num_drafts)
+        pos_row, pos_j = pos_row.tolist(), pos_j.tolist()
         seq_ids = [r.seq_id for r in rows]
         params = [fwd.params[r] for r in pos_row]
         penalized = any(p.has_penalties for p in fwd.params)
@@ -90,7 +91,7 @@ class SpeculativeStep:
         for n in lengths:
             row_starts.append(row_starts[-1] + n)
         if runner.penalties.rows:
-            runner.penalties.record([seq_ids[r] for r in pos_row[keep]], torch.tensor(new_ids, dtype=torch.int64,
+            runner.penalties.record([seq_ids[pos_row[p]] for p in keep], torch.tensor(new_ids, dtype=torch.int64,
                                                                                         device=runner.device))
         out = SampledTokens(new_ids, row_starts=row_starts, num_draft_tokens=sum(num_drafts),
                             num_drafts=sum(1 for d in num_drafts if d))

@@ -1,0 +1,144 @@
+"""Speculative decoding with the n-gram proposer through the whole engine (CPU, float32): lossless.
+
+Greedy outputs equal the non-speculative engine's token for token (whose outputs are checked against
+transformers elsewhere), on the demo model and a tiny random Qwen3 checkpoint, and so do seeded random ones (each
+draft position is sampled with the key of the output index it stands for), with every feature that reads or ends
+a sequence: stop ids and strings, penalties, logprobs, n > 1, min_tokens, max_model_len, structured outputs,
+prefix-cache hits, chunked prefill, preemption and asynchronous scheduling. Every test asserts that drafts were
+accepted, so none passes with speculation silently off.
+"""
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.structured_outputs_params import StructuredOutputsParams
+from tests.helpers.spec_decode_checks import (
+    DEMO_MODEL,
+    NGRAM,
+    REPETITIVE_PROMPTS,
+    assert_same_outputs,
+    feature_params,
+)
+
+GREEDY_64 = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+
+
+def spec_llm(model, spec=NGRAM, **kw) -> LLM:
+    return LLM(model, device="cpu", speculative_config=spec, **kw)
+
+
+@pytest.mark.parametrize("model", ["demo", "tiny"])
+def test_greedy_outputs_equal_no_speculation(model, tiny_tied_model):
+    path = DEMO_MODEL if model == "demo" else tiny_tied_model
+    assert len(REPETITIVE_PROMPTS) >= 16
+    expected = LLM(path, device="cpu").generate(REPETITIVE_PROMPTS, GREEDY_64, use_tqdm=False)
+    llm = spec_llm(path)
+    got = llm.generate(REPETITIVE_PROMPTS, GREEDY_64, use_tqdm=False)
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
+    assert all(len(o["token_ids"]) == 64 for o in got)
+    totals = llm.engine.spec_totals
+    assert totals.num_accepted_tokens > 0 and totals.num_draft_tokens >= totals.num_accepted_tokens
+    assert sum(totals.per_pos) == totals.num_accepted_tokens and totals.per_pos[0] >= totals.per_pos[-1]
+    assert 1.0 < totals.mean_acceptance_length <= 1 + NGRAM["num_speculative_tokens"]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(max_model_len=160),
+    pytest.param(dict(max_model_len=160, num_kvcache_blocks=12), marks=pytest.mark.slow),  # preemption
+    pytest.param(dict(max_model_len=160, max_num_batched_tokens=16, num_kvcache_blocks=14),  # chunked, tight budget
+                 marks=pytest.mark.slow),
+    pytest.param(dict(max_model_len=160, async_scheduling=True), marks=pytest.mark.slow),
+], ids=["plain", "preemption", "chunked", "async"])
+def test_every_feature_equals_no_speculation(kw):
+    base = LLM(DEMO_MODEL, device="cpu", **kw)
+    params = feature_params(base)
+    expected = base.generate(REPETITIVE_PROMPTS[:len(params)], params, use_tqdm=False)
+    llm = spec_llm(DEMO_MODEL, **kw)
+    got = llm.generate(REPETITIVE_PROMPTS[:len(params)], params, use_tqdm=False)
+    assert_same_outputs(got, expected)
+    assert llm.engine.spec_totals.num_accepted_tokens > 0
+    llm.engine.scheduler.check_integrity()
+
+
+def test_prefix_cache_hits_equal_no_speculation():
+    prompts = REPETITIVE_PROMPTS[:6]
+    base = LLM(DEMO_MODEL, device="cpu")
+    expected = base.generate(prompts, GREEDY_64, use_tqdm=False)
+    llm = spec_llm(DEMO_MODEL)
+    first = llm.generate(prompts, GREEDY_64, use_tqdm=False)
+    hits_before = llm.engine.block_manager.num_cached_blocks
+    again = llm.generate(prompts, GREEDY_64, use_tqdm=False)  # every prompt's full blocks hit now
+    assert hits_before > 0
+    for out in (first, again):
+        assert [o["token_ids"] for o in out] == [o["token_ids"] for o in expected]
+    assert llm.engine.spec_totals.num_accepted_tokens > 0
+
+
+@pytest.mark.slow
+def test_preemption_happens_and_outputs_equal():
+    kw = dict(max_model_len=160, num_kvcache_blocks=12)
+    expected = LLM(DEMO_MODEL, device="cpu", **kw).generate(REPETITIVE_PROMPTS[:8], GREEDY_64, use_tqdm=False)
+    llm = spec_llm(DEMO_MODEL, **kw)
+    engine = llm.engine
+    ids = [engine.add_request(p, GREEDY_64) for p in REPETITIVE_PROMPTS[:8]]
+    done, preempted = {}, 0
+    while engine.has_unfinished_requests():
+        outputs, stats = engine.step()
+        preempted += stats.num_preempted
+        engine.scheduler.check_integrity()
+        done.update((o.request_id, o) for o in outputs if o.finished)
+    assert preempted > 0 and engine.spec_totals.num_accepted_tokens > 0
+    assert [done[i].outputs[0].token_ids for i in ids] == [o["token_ids"] for o in expected]
+
+
+def test_structured_outputs_stay_valid_and_equal():
+    so = StructuredOutputsParams(regex=r"(def [a-z_]+\(\):\n    return [0-9]+\n){2}")
+    params = [SamplingParams(temperature=0, max_tokens=60, structured_outputs=so),
+              GREEDY_64, GREEDY_64, SamplingParams(temperature=0, max_tokens=40, structured_outputs=so)]
+    prompts = REPETITIVE_PROMPTS[:4]
+    expected = LLM(DEMO_MODEL, device="cpu").generate(prompts, params, use_tqdm=False)
+    llm = spec_llm(DEMO_MODEL)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert_same_outputs(got, expected)
+    assert llm.engine.spec_totals.num_accepted_tokens > 0
+
+
+def test_step_stats_carry_the_counters():
+    llm = spec_llm(DEMO_MODEL)
+    engine = llm.engine
+    for p in REPETITIVE_PROMPTS[:4]:
+        engine.add_request(p, GREEDY_64)
+    drafts = draft_tokens = accepted = 0
+    per_pos = [0] * NGRAM["num_speculative_tokens"]
+    while engine.has_unfinished_requests():
+        _, stats = engine.step()
+        drafts += stats.spec_num_drafts
+        draft_tokens += stats.spec_num_draft_tokens
+        accepted += stats.spec_num_accepted_tokens
+        for i, n in enumerate(stats.spec_accepted_per_pos):
+            per_pos[i] += n
+    t = engine.spec_totals
+    assert (drafts, draft_tokens, accepted, per_pos) == (t.num_drafts, t.num_draft_tokens, t.num_accepted_tokens,
+                                                          t.per_pos)
+    assert accepted > 0
+
+
+def test_disable_by_batch_size_turns_drafts_off_for_large_batches():
+    # eight requests that all end together: the batch never shrinks to one
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    expected = LLM(DEMO_MODEL, device="cpu").generate(REPETITIVE_PROMPTS[:8], params, use_tqdm=False)
+    llm = spec_llm(DEMO_MODEL, {**NGRAM, "disable_by_batch_size": 4})
+    got = llm.generate(REPETITIVE_PROMPTS[:8], params, use_tqdm=False)
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
+    assert llm.engine.spec_totals.num_drafts == 0
+    llm.generate(REPETITIVE_PROMPTS[:2], params, use_tqdm=False)  # two rows: at most 4
+    assert llm.engine.spec_totals.num_drafts > 0
+
+
+def test_bad_speculative_config_is_a_value_error():
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        LLM(DEMO_MODEL, device="cpu", speculative_config={"method": "ngram"})
+    with pytest.raises(ValueError, match="speculative_config.method"):
+        LLM(DEMO_MODEL, device="cpu", speculative_config='{"method": "medusa", "num_speculative_tokens": 2}')
+    with pytest.raises(ValueError, match="speculative_config: unknown key"):
+        LLM(DEMO_MODEL, device="cpu", speculative_config={"method": "ngram", "num_speculative_tokens": 2, "k": 1})
