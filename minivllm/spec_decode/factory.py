@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from minivllm.config.speculative import SpeculativeConfig
 from minivllm.spec_decode.proposer import Proposer
 
@@ -17,6 +19,9 @@ def build_proposer(spec: SpeculativeConfig, runner=None) -> Proposer:
         raise ValueError(f"speculative_config.method {spec.method!r} needs the model runner to build its proposer")
     if spec.draft_tensor_parallel_size not in (None, 1):
         raise ValueError("speculative_config.draft_tensor_parallel_size must be 1: drafts run on rank 0 alone")
+    if not os.path.isfile(os.path.join(spec.model, "config.json")):
+        raise ValueError(f"speculative_config.model {spec.model!r}: no config.json there (a local checkpoint folder "
+                         "is needed)")
     mc, backend = runner.config.model_config, runner.config.device_config.attention_backend
     common = dict(max_model_len=mc.max_model_len, device=runner.device, dtype=runner.dtype, backend=backend)
     if spec.method == "draft_model":
