@@ -31,6 +31,9 @@ def build_proposer(spec: SpeculativeConfig, runner=None) -> Proposer:
     if spec.method == "eagle":
         raise ValueError("speculative_config.method 'eagle' (EAGLE-1 heads) is not supported: use an EAGLE-3 head "
                          "with method 'eagle3'")
+    if runner.tp_group is not None:
+        raise ValueError("speculative_config.method 'eagle3' needs tensor_parallel_size 1 (the target's hidden states "
+                         "are read on one rank)")
     from minivllm.spec_decode.eagle import EagleProposer
 
     return EagleProposer(spec.model, spec.num_speculative_tokens, runner.model, **common)
