@@ -18,7 +18,7 @@ forward drafts every position at once: the head's step ``j`` at ``t`` is fed the
 drafts as long as every earlier draft of that step was accepted. n-gram prompt lookup is measured on the same
 sequences.
 
-Typical use (about ten minutes on two cores)::
+Typical use (about 40 minutes on two shared cores)::
 
     python scripts/train_eagle3_head.py --out models/minivllm-demo-py-eagle3
 """
@@ -36,13 +36,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # NOTE: scripts/ is not a package
 from demo_model.corpus import encode_stream, load_corpus  # noqa: E402
 
 from minivllm.models.eagle3 import Eagle3Config, Eagle3LlamaForCausalLM  # noqa: E402
-from minivllm.models.eagle3_loader import save_eagle3  # noqa: E402
+from minivllm.models.eagle3_loader import load_eagle3_config, load_eagle3_weights, save_eagle3  # noqa: E402
 from minivllm.spec_decode.ngram import NgramProposer  # noqa: E402
 
 STEP_WEIGHT = 0.8  # step j's loss weighs STEP_WEIGHT ** j (EAGLE-3's)
@@ -60,8 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup-steps", type=int, default=20)
-    p.add_argument("--max-steps", type=int, default=300)
-    p.add_argument("--minutes", type=float, default=10.0, help="training time budget (0: none)")
+    p.add_argument("--max-steps", type=int, default=350)
+    p.add_argument("--minutes", type=float, default=38.0, help="training time budget (0: none)")
     p.add_argument("--max-files", type=int, default=None, help="only the first files of the corpus (smoke runs)")
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=128)
@@ -69,6 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-k", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-only", action="store_true", help="measure the head already saved at --out again")
     return p.parse_args(argv)
 
 
@@ -117,6 +119,7 @@ def build_head(target, draft_ids: torch.Tensor, layers: tuple[int, ...], interme
         head.norm.weight.copy_(target.model.norm.weight)
         # start as the "logit lens" of the highest fused stream: fc passes it through, the layer adds little
         h = tc.hidden_size
+        head.fc.weight.mul_(0.1)  # the streams are large: full-size noise would drown the pass-through
         head.fc.weight[:, 2 * h:] += torch.eye(h)
         head.midlayer.self_attn.o_proj.weight.mul_(0.1)
         head.midlayer.mlp.down_proj.weight.mul_(0.1)
@@ -309,8 +312,13 @@ def table(eagle: dict, ngram: dict) -> str:
     return "\n".join(lines)
 
 
-def model_card(args, argv, result: dict, num_params: int, folder_kb: float) -> str:
+def model_card(args, argv: list[str], eval_args, result: dict) -> str:
+    """The head's README: ``args`` / ``argv`` of its training run, ``eval_args`` of its evaluation."""
     tr, ev = result["training"], result["evaluation"]
+    weights = Path(eval_args.out) / "model.safetensors"
+    num_params = result.get("num_params") or sum(v.numel() for v in load_file(str(weights)).values()
+                                                 if v.is_floating_point())
+    folder_kb = weights.stat().st_size / 1024
     return f"""# minivllm-demo-py-eagle3
 
 An EAGLE-3 draft head for [`minivllm-demo-py`](../minivllm-demo-py), trained on the CPU by
@@ -350,14 +358,36 @@ python scripts/train_eagle3_head.py {shlex.join(argv)}
 
 ## Acceptance on held-out Python
 
-{ev['num_sequences']} prompts of {args.prompt_len} tokens cut from the held-out files (`email/`, `json/`, `xml/`),
-each continued greedily by the target for up to {args.gen_len} tokens ({ev['generated_tokens']:,} generated
+{ev['num_sequences']} prompts of {eval_args.prompt_len} tokens cut from the held-out files (`email/`, `json/`,
+`xml/`), each continued greedily by the target for up to {eval_args.gen_len} tokens ({ev['generated_tokens']:,} generated
 tokens in all); at each speculative step the head drafts k tokens greedily and the leading drafts equal to the
 target's greedy tokens are accepted. n-gram: prompt lookup (`prompt_lookup_min` 2, `prompt_lookup_max` 5) over
-the same sequences. Mean acceptance length = 1 + accepted drafts per step (tokens per target forward).
+the same sequences. Mean acceptance length = 1 + accepted drafts per step (tokens per target forward). Measured
+on the shipped bfloat16 weights (run in float32) with `python scripts/train_eagle3_head.py
+{shlex.join(ev['argv'])}`; add `--eval-only` to measure the shipped head again without training.
 
 {table(ev['eagle3'], ev['ngram'])}
 """
+
+
+def load_saved_head(path: Path, target) -> Eagle3LlamaForCausalLM:
+    """The head saved at ``path`` (bfloat16 weights, as shipped) in float32, with the target's embedding."""
+    head = Eagle3LlamaForCausalLM(load_eagle3_config(str(path))).float()
+    if not load_eagle3_weights(head, str(path)):
+        with torch.no_grad():
+            head.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    return head.eval()
+
+
+def evaluate(path: Path, target, tokenizer, held_texts: list[str], args) -> dict:
+    """Acceptance of the head saved at ``path`` and of n-gram lookup on held-out sequences (printed too)."""
+    head = load_saved_head(path, target)
+    layers = head.config.aux_layers_for(target.config.num_hidden_layers)
+    seqs = held_out_sequences(target, tokenizer, held_texts, args)
+    eagle, ngram = summarize(eagle_acceptance(head, target, seqs, layers, args)), summarize(ngram_acceptance(seqs, args))
+    print(table(eagle, ngram), flush=True)
+    return {"num_sequences": len(seqs), "generated_tokens": sum(len(s) - args.prompt_len for s in seqs),
+            "eagle3": eagle, "ngram": ngram}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -365,32 +395,32 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    layers = tuple(int(i) for i in args.aux_layers.split(","))
+    out = Path(args.out)
     target, tokenizer = load_target(args.target)
     corpus = load_corpus(args.max_files)
-    stream = encode_stream(tokenizer, corpus.train_texts)
-    vocab = target.config.vocab_size
-    draft_ids = draft_vocabulary(stream, vocab, args.draft_vocab_size, tokenizer.eos_token_id)
-    head = build_head(target, draft_ids, layers, args.intermediate_size, args.seed)
-    print(f"training on {len(stream):,} tokens, draft vocabulary {len(draft_ids)} of {vocab}", flush=True)
-    training = train(head, target, stream, draft_ids, layers, args)
-    head.eval()
-    seqs = held_out_sequences(target, tokenizer, corpus.held_texts, args)
-    eagle, ngram = summarize(eagle_acceptance(head, target, seqs, layers, args)), summarize(ngram_acceptance(seqs, args))
-    print(table(eagle, ngram), flush=True)
-    out = Path(args.out)
-    save_eagle3(head, str(out), dtype=torch.bfloat16)
-    shipped = sum(p.numel() for n, p in head.named_parameters() if n != "embed_tokens.weight")
-    result = {
-        "hidden_size": head.config.arch.hidden_size, "heads": head.config.arch.num_attention_heads,
-        "kv_heads": head.config.arch.num_key_value_heads, "aux_layers": list(layers),
-        "draft_vocab_coverage": float(head.t2d[stream].float().mean()), "python": platform.python_version(),
-        "device": f"CPU ({platform.machine()})", "training": training,
-        "evaluation": {"num_sequences": len(seqs), "generated_tokens": sum(len(s) - args.prompt_len for s in seqs),
-                       "eagle3": eagle, "ngram": ngram},
-    }
-    kb = (out / "model.safetensors").stat().st_size / 1024
-    (out / "README.md").write_text(model_card(args, argv, result, shipped, kb))
+    if not args.eval_only:
+        layers = tuple(int(i) for i in args.aux_layers.split(","))
+        stream = encode_stream(tokenizer, corpus.train_texts)
+        vocab = target.config.vocab_size
+        draft_ids = draft_vocabulary(stream, vocab, args.draft_vocab_size, tokenizer.eos_token_id)
+        head = build_head(target, draft_ids, layers, args.intermediate_size, args.seed)
+        print(f"training on {len(stream):,} tokens, draft vocabulary {len(draft_ids)} of {vocab}", flush=True)
+        training = train(head, target, stream, draft_ids, layers, args)
+        save_eagle3(head, str(out), dtype=torch.bfloat16)
+        result = {
+            "argv": argv, "hidden_size": head.config.arch.hidden_size,
+            "heads": head.config.arch.num_attention_heads, "kv_heads": head.config.arch.num_key_value_heads,
+            "aux_layers": list(layers), "draft_vocab_coverage": float(head.t2d[stream].float().mean()),
+            "python": platform.python_version(), "device": f"CPU ({platform.machine()})", "training": training,
+            "num_params": sum(p.numel() for n, p in head.named_parameters() if n != "embed_tokens.weight"),
+        }
+    else:
+        result = json.loads((out / "train_log.json").read_text())
+    # NOTE: measured on the saved (bfloat16) weights: what ships, and what --eval-only measures again
+    result["evaluation"] = evaluate(out, target, tokenizer, corpus.held_texts, args)
+    result["evaluation"]["argv"] = argv
+    train_argv = result.get("argv", ["--out", args.out])
+    (out / "README.md").write_text(model_card(parse_args(train_argv), train_argv, args, result))
     (out / "train_log.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
