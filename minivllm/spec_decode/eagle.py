@@ -11,6 +11,8 @@ verifier keeps the target's distribution exactly, as for n-gram).
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 
@@ -26,6 +28,9 @@ class EagleProposer:
 
     def __init__(self, path: str, num_speculative_tokens: int, target: torch.nn.Module, max_model_len: int,
                  device: torch.device, dtype: torch.dtype, backend: str = "torch"):
+        if "aux_layers" not in inspect.signature(target.forward).parameters:
+            raise ValueError(f"speculative_config.method 'eagle3' needs a target that returns the hidden states of "
+                             f"chosen layers; {type(target).__name__} does not")
         cfg = load_eagle3_config(path)
         arch = target.model.embed_tokens.num_embeddings, target.model.embed_tokens.weight.shape[1]
         if cfg.arch.vocab_size != arch[0] or cfg.target_hidden_size != arch[1]:
