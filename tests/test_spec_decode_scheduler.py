@@ -127,12 +127,20 @@ def test_preemption_forgets_drafts():
 
 def test_sequences_that_cannot_speculate_get_no_drafts():
     s = make_scheduler(budget=64, num_speculative_tokens=3)
-    grammar = new_seq([10, 11, 12], SamplingParams(temperature=0, max_tokens=9, ignore_eos=True,
-                                                   structured_outputs=StructuredOutputsParams(regex="[ab]+")))
-    decoding(s, grammar)
+    params = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)
+    reader = new_seq([10, 11, 12], params, bad_words_token_ids=((40, 41),))  # reads its newest token on the host
+    gated_so = StructuredOutputsParams(regex="[ab]+")
+    object.__setattr__(gated_so, "starts_after", (7,))  # the server's: after a reasoning's end marker
+    gated = new_seq([13, 14], SamplingParams(temperature=0, max_tokens=9, structured_outputs=gated_so))
+    grammar = new_seq([15, 16], SamplingParams(temperature=0, max_tokens=9,
+                                               structured_outputs=StructuredOutputsParams(regex="[ab]+")))
+    for seq in (reader, gated, grammar):
+        s.add(seq)
     out = s.schedule()
-    s.update_from_output(out, [[5]], [[6, 7]])
-    assert grammar.spec_token_ids == []
+    s.update_from_output(out, [[5]] * 3, [[6, 7]] * 3)
+    assert (reader.spec_token_ids, gated.spec_token_ids, grammar.spec_token_ids) == ([], [], [6, 7])
+    out = s.schedule()
+    assert [r.num_draft_tokens for r in out.rows] == [0, 0, 2]
 
 
 def test_disable_by_batch_size():

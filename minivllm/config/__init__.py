@@ -60,6 +60,9 @@ class Config:
         arch = mc.arch
         if self.speculative_config is not None:
             self.speculative_config = SpeculativeConfig.of(self.speculative_config)
+            if self.sampling_config.watermark_config is not None:
+                raise ValueError("speculative_config cannot be combined with watermark_config: a watermarked token "
+                                 "is decided by the watermark's keyed noise, which rejection sampling cannot verify")
         if mc.dtype is None:
             mc.dtype = "float32" if dc.device == "cpu" else arch.dtype
         if sc.async_scheduling is None:

@@ -134,9 +134,11 @@ class Sequence:
 
     @property
     def can_speculate(self) -> bool:
-        """Drafts may be verified after its tokens: its sampling at a position reads no token values on the host
-        and follows no grammar (a draft position would need the grammar advanced over the drafts before it)."""
-        return not self.reads_output_values and self.sampling_params.structured_outputs is None
+        """Drafts may be verified after its tokens: its sampling at a position reads no token values on the host,
+        and a grammar it follows starts at its first token (one that waits for a reasoning's end marker decides
+        on the host when it applies)."""
+        so = self.sampling_params.structured_outputs
+        return not self.reads_output_values and (so is None or not so.starts_after)
 
     def forced_token(self) -> int | None:
         """The token the next step must sample (``thinking_token_budget`` forcing the reasoning's end), or None."""

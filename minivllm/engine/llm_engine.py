@@ -292,12 +292,15 @@ class LLMEngine:
             tokens = sampled.tokens_of(row)[:seq.num_new_tokens] if sampled.row_starts is not None else \
                 (sampled.token_ids[row],)
             for j, token in enumerate(tokens):
-                if grammars and seq.seq_id in grammars and self.structured.accept(seq.seq_id, token):
-                    if not seq.is_finished:  # the grammar is complete: nothing but EOS may follow
+                complete = bool(grammars) and seq.seq_id in grammars and self.structured.accept(seq.seq_id, token)
+                if complete:  # the grammar is complete: nothing but EOS may follow
+                    if not seq.is_finished:
                         self.scheduler.finish(seq, "stop")
+                    elif j < len(tokens) - 1:  # a later accepted token had ended it: the grammar ends it here
+                        seq.finish_reason, seq.stop_reason = "stop", None
                 if req.on_token(i, seq, token, sampled.logprobs_of(row, j), now, self.scheduler.finish,
-                                last=j == len(tokens) - 1):
-                    break  # tokens after a stop string are dropped
+                                last=complete or j == len(tokens) - 1):
+                    break  # tokens after a stop string or the grammar's end are dropped
             if req.stream or seq.is_finished:  # offline requests report only at the end
                 report[req.request_id] = req
         return report

@@ -30,6 +30,26 @@ class SpecDecodeCounters:
         for i, n in enumerate(per_pos):
             self.per_pos[i] += n
 
+    def copy(self) -> SpecDecodeCounters:
+        """An independent snapshot of the counts."""
+        return SpecDecodeCounters(self.k, self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                                  list(self.per_pos))
+
+    def since(self, earlier: SpecDecodeCounters) -> SpecDecodeCounters:
+        """The counts added after ``earlier`` (a ``copy`` taken then)."""
+        return SpecDecodeCounters(self.k, self.num_drafts - earlier.num_drafts,
+                                  self.num_draft_tokens - earlier.num_draft_tokens,
+                                  self.num_accepted_tokens - earlier.num_accepted_tokens,
+                                  [a - b for a, b in zip(self.per_pos, earlier.per_pos)])
+
+    def summary(self) -> dict:
+        """The counts, the acceptance rate, the mean acceptance length and each position's acceptance rate (of
+        the rows that drafted that far: vLLM's per-position rate divides by the drafts)."""
+        return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens, "accepted_per_pos": list(self.per_pos),
+                "acceptance_rate": self.acceptance_rate, "mean_acceptance_length": self.mean_acceptance_length,
+                "acceptance_rate_per_pos": [n / self.num_drafts if self.num_drafts else 0.0 for n in self.per_pos]}
+
     @property
     def acceptance_rate(self) -> float:
         """Accepted drafts over proposed drafts (0 when none were proposed)."""

@@ -260,11 +260,11 @@ class MultiProcExecutor:
 
 
 def _for_workers(out: SchedulerOutput) -> SchedulerOutput:
-    """``out`` without the token values that only rank 0's sampler reads (penalties' statistics)."""
-    if not any(r.prompt_token_ids or r.output_token_ids for r in out.new_requests):
+    """``out`` without the token values that only rank 0 reads (penalties' statistics, the proposer's history)."""
+    if not any(r.prompt_token_ids or r.output_token_ids or r.all_token_ids for r in out.new_requests):
         return out
-    return out._replace(new_requests=tuple(r._replace(prompt_token_ids=None, output_token_ids=None)
-                                           for r in out.new_requests))
+    return out._replace(new_requests=tuple(r._replace(prompt_token_ids=None, output_token_ids=None,
+                                                      all_token_ids=None) for r in out.new_requests))
 
 
 class _TPStepHandle:

@@ -22,9 +22,9 @@ def make_seq(prompt_len: int, max_tokens: int = 4, start: int = 10, ignore_eos: 
                     SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, temperature=0))
 
 
-def new_seq(token_ids: list[int], params: SamplingParams | None = None) -> Sequence:
-    """A sequence with a fresh id."""
-    return Sequence(next(_seq_ids), token_ids, params)
+def new_seq(token_ids: list[int], params: SamplingParams | None = None, **kw) -> Sequence:
+    """A sequence with a fresh id (``kw``: ``Sequence``'s other arguments)."""
+    return Sequence(next(_seq_ids), token_ids, params, **kw)
 
 
 def fake_tokens(out: SchedulerOutput) -> list[int]:

@@ -36,7 +36,9 @@ from minivllm.structured_outputs_params import StructuredOutputsParams
 @dataclass(frozen=True)
 class GrammarBitmask:
     """The masks of a step's constrained rows: ``bitmask[j]`` (packed, bit ``t % 32`` of word ``t // 32``)
-    lists the tokens row ``rows[j]`` of the step's sampled rows may take."""
+    lists the tokens row ``rows[j]`` of the step's sampled rows may take. In a step with speculative drafts
+    ``rows`` index the step's verified positions instead (a sampled row with ``d`` drafts owns ``d + 1``
+    consecutive ones; without drafts, positions and rows are the same)."""
 
     rows: tuple[int, ...]
     bitmask: torch.Tensor  # [len(rows), ceil(V / 32)] int32, on the host
@@ -178,7 +180,9 @@ class StructuredOutputManager:
         whose gate is closed is free; an undecided one also allows the reasoning's start token."""
         rows, matchers, openers = [], [], []
         gates = self.gates
-        for row, s in enumerate(out.sampled):
+        position = 0  # the row's first verified position (its row index when no row has drafts)
+        for s in out.sampled:
+            first, position = position, position + 1 + s.num_draft_tokens
             g = self.grammars.get(s.seq_id)
             if g is None:
                 continue
@@ -187,19 +191,30 @@ class StructuredOutputManager:
                 if not gate.undecided:
                     continue
                 openers.append((len(rows), gate.opened_by))
-            rows.append(row)
-            matchers.append(None if g.is_stopped else g.matcher)
+            drafts = s.token_ids[len(s.token_ids) - s.num_draft_tokens:]
+            matchers.append(None if g.is_stopped else (g.matcher, len(rows), drafts))
+            rows.extend(range(first, position))
         if not rows:
             return None
         mask = torch.full((len(rows), bitmask_words(self.vocab_size)), -1, dtype=torch.int32)  # [R, W]
-        live = [(m, j) for j, m in enumerate(matchers) if m is not None]
+        live = [m for m in matchers if m is not None]
         if live:
             import llguidance
-            from llguidance.torch import fill_next_token_bitmask_par
+            from llguidance.torch import (
+                fill_next_token_bitmask_par,
+                fill_next_token_bitmask_par_with_draft_tokens,
+            )
 
             if self._executor is None:
                 self._executor = llguidance.LLExecutor(self.num_threads)
-            fill_next_token_bitmask_par(self._executor, live, mask)
+            drafting = [m for m in live if m[2]]
+            if drafting:
+                # each draft position's mask is the grammar's after the drafts before it (advanced, then rolled
+                # back); past a draft it refuses, no token is allowed: those positions are never reached
+                fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafting, mask)
+                mask[(mask == 0).all(dim=1)] = -1  # unreached positions: no all -inf rows
+            if len(drafting) < len(live):
+                fill_next_token_bitmask_par(self._executor, [(m, j) for m, j, d in live if not d], mask)
         for j, token in openers:
             word, bit = divmod(token, BITS)
             mask[j, word] |= (1 << bit) - (1 << BITS if bit == BITS - 1 else 0)  # the bit, as a signed int32

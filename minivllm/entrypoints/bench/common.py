@@ -183,3 +183,14 @@ def standalone(name: str, doc: str, add_arguments, run, argv: list[str] | None =
                                 formatter_class=HelpFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))
+
+
+def spec_decode_rows(result: dict) -> list[list]:
+    """Table rows of a result's ``speculative_decoding`` entry (none without speculative decoding)."""
+    spec = result.get("speculative_decoding")
+    if not spec:
+        return []
+    return [["spec decode: drafts / draft tokens", f"{spec['num_drafts']} / {spec['num_draft_tokens']}"],
+            ["spec decode: acceptance rate", spec["acceptance_rate"]],
+            ["spec decode: mean acceptance length", spec["mean_acceptance_length"]],
+            ["spec decode: acceptance per position", ", ".join(fmt(r) for r in spec["acceptance_rate_per_pos"])]]

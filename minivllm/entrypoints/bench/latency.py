@@ -68,8 +68,10 @@ def run(args: argparse.Namespace) -> dict:
     try:
         for _ in tqdm(range(args.num_iters_warmup), desc="Warm-up iterations", disable=quiet):
             one_iteration(engine, batch(), args.output_len)
+        before = engine.spec_totals.copy()
         iters = [one_iteration(engine, batch(), args.output_len)
                  for _ in tqdm(range(max(1, args.num_iters)), desc="Timed iterations", disable=quiet)]
+        spec = engine.spec_totals.since(before).summary() if engine.speculative else None
     finally:
         engine.close()
     ttft = common.summary([x for it in iters for x in it["ttft"]], 1000)
@@ -81,6 +83,8 @@ def run(args: argparse.Namespace) -> dict:
               "ttft_ms": ttft, "tpot_ms": tpot, "itl_ms": itl, "e2e_latency_s": e2e,
               "e2e_latencies_s": [it["e2e"] for it in iters],
               "output_tok_s": args.batch_size * args.output_len / e2e["median"]}
+    if spec is not None:
+        result["speculative_decoding"] = spec
     common.write_json(args.json_out, result)
     print(f"\nmodel {args.model} on {result['device_name']}: batch {args.batch_size}, "
           f"{args.input_len} in -> {args.output_len} out, {len(iters)} iterations")
@@ -89,6 +93,7 @@ def run(args: argparse.Namespace) -> dict:
             ["ITL, decode steps (ms)", itl["mean"], itl["median"], itl["p99"]],
             ["end-to-end latency (s)", e2e["mean"], e2e["median"], e2e["p99"]],
             ["output tok/s (median e2e)", result["output_tok_s"], "", ""]]
+    rows += [[name, value, "", ""] for name, value in common.spec_decode_rows(result)]
     common.print_table("latency results", ["metric", "mean", "median", "p99"], rows)
     return result
 

@@ -155,8 +155,10 @@ def run(args: argparse.Namespace, llm=None) -> dict:
         from minivllm.llm import LLM
 
         llm = LLM(path, **kw)
+    counters = getattr(getattr(llm, "engine", None), "spec_totals", None)  # speculative decoding's
     try:
         warm_up(llm)
+        before = counters.copy() if counters is not None else None
         runs = [timed_generate(llm, prompts, max_tokens, spec["temperature"], 1009 * r, hi,
                                use_tqdm=common.show_progress(args))
                 for r in range(max(1, args.repeat))]
@@ -168,6 +170,8 @@ def run(args: argparse.Namespace, llm=None) -> dict:
               **common.metadata(args, path, kw), "num_requests": len(prompts),
               "total_prompt_tokens": sum(map(len, prompts)), "total_output_tokens": sum(max_tokens),
               **med, "runs": runs}
+    if counters is not None and counters.k:
+        result["speculative_decoding"] = counters.since(before).summary()
     metric = "ms_per_token" if args.workload == "one-request" else "output_tok_s"
     common.write_json(args.json_out, result)
     rows = [["workload", args.workload + (" (sizes overridden)" if changed else "")], ["model", args.model],
@@ -179,6 +183,7 @@ def run(args: argparse.Namespace, llm=None) -> dict:
         rows.append(["ms per output token", med["ms_per_token"]])
     if len(runs) > 1:
         rows.append([f"all runs ({metric})", ", ".join(common.fmt(r[metric]) for r in runs)])
+    rows += common.spec_decode_rows(result)
     common.print_table("throughput results", ["metric", "value"], rows)
     return result
 

@@ -53,6 +53,11 @@ _COUNTERS = {
     "prompt_tokens": ("vllm:prompt_tokens", "Prompt tokens of the requests that started."),
     "generation_tokens": ("vllm:generation_tokens", "Generated tokens."),
     "preemptions": ("vllm:num_preemptions", "Sequences preempted (their KV cache dropped)."),
+    # speculative decoding (vLLM's): acceptance rate = accepted / draft tokens; mean acceptance length =
+    # 1 + accepted / drafts
+    "spec_drafts": ("vllm:spec_decode_num_drafts", "Rows that verified drafts (speculative decoding)."),
+    "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens", "Draft tokens verified."),
+    "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."),
 }
 
 
@@ -72,6 +77,9 @@ class PrometheusStatLogger:
         def histogram(name, doc, buckets=LATENCY_BUCKETS):
             return Histogram(name, doc, names, buckets=buckets, registry=r).labels(model_name)
 
+        self._accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at "
+                                         "each draft position (0: the first draft of a row).",
+                                         names + ["position"], registry=r)
         self._success = Counter("vllm:request_success", "Requests that ended, by finish reason.",
                                 names + ["finished_reason"], registry=r)
         for reason in FINISH_REASONS:
@@ -147,6 +155,12 @@ class PrometheusStatLogger:
         self.kv_blocks_total.set(stats.kv_blocks_total)
         if stats.num_preempted:
             self.preemptions.inc(stats.num_preempted)
+        if stats.spec_num_drafts:
+            self.spec_drafts.inc(stats.spec_num_drafts)
+            self.spec_draft_tokens.inc(stats.spec_num_draft_tokens)
+            self.spec_accepted_tokens.inc(stats.spec_num_accepted_tokens)
+            for pos, n in enumerate(stats.spec_accepted_per_pos):
+                self._accepted_per_pos.labels(self._model, str(pos)).inc(n)
         if stats.prefix_cache_query_tokens:
             self._queries += stats.prefix_cache_query_tokens
             self._hits += stats.prefix_cache_hit_tokens
