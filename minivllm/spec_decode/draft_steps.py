@@ -53,8 +53,10 @@ class CatchUp:
         cu = inputs.cu_seqlens_q.astype(np.int64)
         q = np.diff(cu)  # [rows]
         start = inputs.positions[torch.from_numpy(cu[:-1]).to(inputs.positions.device)].cpu().numpy()  # [rows]
-        # the newest token (sampled this step) is not computed yet: everything before it is accepted
-        count = np.clip(np.minimum(q, inputs.num_tokens.astype(np.int64) - 1 - start), 0, None)
+        # a sampled row: its newest token (sampled this step) is not computed yet, everything before it is
+        # accepted; a prefill chunk that samples nothing: all of it
+        sampled = inputs.next_token_ids >= 0
+        count = np.where(sampled, np.clip(np.minimum(q, inputs.num_tokens.astype(np.int64) - 1 - start), 0, None), q)
         offsets = np.repeat(np.cumsum(count) - count, count)  # [n]
         within = np.arange(int(count.sum()), dtype=np.int64) - offsets
         rows = np.repeat(np.arange(len(count)), count)
