@@ -240,6 +240,41 @@ def test_a_draft_outside_the_filtered_support_is_never_accepted():
     assert (filtered_probs(target[0], params)[out.sampled_token_ids.view(n, 2)[:, 0]] > 0).all()
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 0.5, 1.0, 2.0]),  # temperature
+            st.sampled_from([-1, 1, 3, V]),  # top_k
+            st.sampled_from([1.0, 0.8, 0.3]),  # top_p
+            st.sampled_from([0.0, 0.2]),  # min_p
+            st.sampled_from([None, 0, 5]),  # seed
+            st.integers(0, 4),  # drafts
+        ),
+        min_size=1, max_size=5,
+    ),
+    with_probs=st.booleans(),
+)
+def test_emitted_tokens_stay_in_each_positions_support(seed, rows, with_probs):
+    """Any mix of rows: accepted drafts come first, then one token; every emitted token has positive processed
+    probability at its position."""
+    g = torch.Generator().manual_seed(seed)
+    params = [SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m, seed=s) for t, k, p, m, s, _ in rows]
+    drafts = [torch.randint(0, V, (n,), generator=g).tolist() for *_, n in rows]
+    logits = torch.randn(sum(len(d) + 1 for d in drafts), V, generator=g) * 2
+    num = sum(map(len, drafts))
+    probs = torch.softmax(torch.randn(num, V, generator=g), dim=-1) if with_probs else None
+    out = _spec(params, drafts, logits, probs)
+    start = 0
+    for r, (p, tokens) in enumerate(zip(params, out.token_id_lists())):
+        accepted = out.num_accepted[r].item()
+        assert len(tokens) == accepted + 1 and tokens[:accepted] == drafts[r][:accepted]
+        for j, token in enumerate(tokens):
+            assert filtered_probs(logits[start + j], p)[token] > 0, (r, j, token)
+        start += len(drafts[r]) + 1
+
+
 # ------------------------------------------------------------------ seeds
 
 
@@ -275,6 +310,29 @@ def test_layout_on_the_device_gives_the_same_tokens():
         assert a.token_id_lists() == b.token_id_lists()
         assert torch.equal(a.emitted, b.emitted) and torch.equal(a.num_drafts, b.num_drafts)
         assert a.last_token_ids.tolist() == b.last_token_ids.tolist() == [t[-1] for t in a.token_id_lists()]
+
+
+def test_no_host_read_inside(monkeypatch):
+    """With the drafts' layout on the device, nothing inside reads a tensor back to the host (on a GPU: no
+    synchronization per step, let alone per row)."""
+    g = torch.Generator().manual_seed(12)
+    drafts = [[1, 2, 3], [], [4], [5, 6]]
+    params = [SamplingParams(seed=1, logprobs=2), SamplingParams(temperature=0.0), SamplingParams(top_p=0.8),
+              SamplingParams(temperature=0.0, presence_penalty=1.0, allowed_token_ids=[1, 2, 5, 6])]
+    logits = torch.randn(sum(len(d) + 1 for d in drafts), V, generator=g)
+    md = build_spec_sampling_metadata(params, [[]] * 4, [[]] * 4, drafts, EOS, "cpu", V)
+    num, ids = torch.tensor([3, 0, 1, 2]), torch.tensor([1, 2, 3, 4, 5, 6])
+    probs = torch.softmax(torch.randn(6, V, generator=g), dim=-1)
+
+    def boom(*a, **k):
+        raise AssertionError("a host read inside rejection_sample")
+
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, boom)
+    outs = [rejection_sample(logits, num, ids, p, md) for p in (None, probs)]
+    monkeypatch.undo()
+    for out in outs:
+        assert out.emitted.sum().item() == out.num_accepted.sum().item() + 4
 
 
 # ------------------------------------------------------------------ penalties, grammar, logprobs

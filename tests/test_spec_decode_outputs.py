@@ -9,9 +9,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from minivllm.config import Config, SpeculativeConfig
+from minivllm.engine.progress import ThroughputMeter
 from minivllm.engine.spec_decode_stats import SpecDecodeCounters
 from minivllm.entrypoints.args import engine_kwargs, serve_parser
-from minivllm.entrypoints.bench import latency, throughput
+from minivllm.entrypoints.bench import latency, serve, throughput
 from minivllm.entrypoints.openai.metrics import PrometheusStatLogger
 from minivllm.outputs import StepStats
 from tests.helpers.server_utils import running_server
@@ -56,6 +57,9 @@ def test_serve_flag_reaches_the_config():
     assert config.speculative_config == SpeculativeConfig.of(NGRAM)
     with pytest.raises(ValueError, match="watermark_config"):
         Config.create(DEMO_MODEL, device="cpu", watermark_config={"key": 1}, **kw)
+    with pytest.raises(ValueError, match="no config.json"):
+        Config.create(DEMO_MODEL, device="cpu", speculative_config={"method": "draft_model", "model": "/no/such",
+                                                                    "num_speculative_tokens": 2})
 
 
 def test_prometheus_counters_have_vllms_names():
@@ -83,6 +87,14 @@ def test_counters_give_the_acceptance_figures():
     assert SpecDecodeCounters(4).summary()["mean_acceptance_length"] == 1.0  # nothing proposed
 
 
+def test_progress_bar_counts_generated_tokens_not_rejected_drafts():
+    meter = ThroughputMeter()
+    # 4 rows verifying 3 drafts each (16 tokens computed), 5 drafts accepted: 4 + 5 tokens generated
+    text = meter.update(StepStats(num_decode_tokens=16, spec_num_drafts=4, spec_num_draft_tokens=12,
+                                  spec_num_accepted_tokens=5, step_time=0.5))
+    assert meter.tokens["decode"] == 9 and text.endswith("decode=18tok/s")
+
+
 def test_bench_latency_and_throughput_report_acceptance(capsys):
     engine = ["--model", DEMO_MODEL, "--device", "cpu", "--max-model-len", "256", "--speculative-config", SPEC_JSON]
     res = latency.main([*engine, "--batch-size", "2", "--input-len", "16", "--output-len", "24", "--num-iters", "1",
@@ -107,6 +119,10 @@ def test_server_with_speculative_config_counts_accepted_drafts(tmp_path):
             r = srv.client.completions.create(model="demo", prompt=prompt, max_tokens=32, temperature=0)
             assert r.choices[0].text
         after = srv.wait_idle()
+        res = serve.main(["--base-url", srv.url, "--num-prompts", "4", "--input-len", "16", "--output-len", "48",
+                          "--disable-tqdm"])
+    spec = res["speculative_decoding"]  # bench serve's figures, from the server's counters over its run
+    assert spec["num_drafts"] > 0 and spec["num_draft_tokens"] >= spec["num_accepted_tokens"]
     for name in ("vllm:spec_decode_num_drafts_total{}", "vllm:spec_decode_num_accepted_tokens_total{}"):
         assert after[name] > before.get(name, 0), name
     assert after["vllm:spec_decode_num_draft_tokens_total{}"] >= after["vllm:spec_decode_num_accepted_tokens_total{}"]

@@ -119,6 +119,10 @@ class Config:
             (groups[names[name]] if names[name] in groups else own)[name] = value
         config = cls(ModelConfig(model, arch, **groups.pop("model_config")),
                      **{attr: SUB_CONFIGS[attr](**kw) for attr, kw in groups.items()}, **own)
+        spec = config.speculative_config
+        if spec is not None and spec.uses_model and not os.path.isfile(os.path.join(spec.model, "config.json")):
+            raise ValueError(f"speculative_config.model {spec.model!r}: no config.json there (a local checkpoint "
+                             "folder is needed)")
         _check_gpus(config.device_config.device, config.parallel_config.tensor_parallel_size)
         return config
 

@@ -45,9 +45,9 @@ class Scheduler:
     (``Sequence.spec_token_ids``, from the previous step's output), as many as the token budget, ``max_tokens``
     and ``max_model_len`` leave room for. Their slots are allocated as lookahead and the computed count advances
     past them; ``update_from_output`` rolls the count back by the drafts rejected. No drafts are scheduled in a
-    step of more than ``disable_by_batch_size`` running sequences, nor for a sequence whose sampling reads the
-    values of its tokens on the host or follows a grammar. NOTE: a step with drafts must be updated before the
-    next one is scheduled (the engine resolves it first): drafts need the value of the token they follow.
+    step of more than ``disable_by_batch_size`` running sequences, nor for a sequence that cannot speculate
+    (``Sequence.can_speculate``), nor after a pending token. NOTE: a step with drafts must be updated before the
+    next one is scheduled (the engine resolves it first): how many tokens it adds is known only then.
     """
 
     def __init__(self, block_manager: BlockManager | KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
@@ -118,8 +118,7 @@ class Scheduler:
 
         decodes = [s for s in self.running if not s.is_prefilling]
         prefills = [s for s in self.running if s.is_prefilling]
-        speculate = self.num_speculative_tokens > 0 and (
-            self.disable_by_batch_size is None or len(self.running) <= self.disable_by_batch_size)
+        speculate = self.may_speculate()
         for seq in decodes + prefills:
             if budget <= 0:
                 break
@@ -175,6 +174,13 @@ class Scheduler:
             scheduled_ids.add(seq.seq_id)
             budget -= num_new
         return self._output(scheduled, preempted, num_cached, num_admitted)
+
+    def may_speculate(self) -> bool:
+        """Whether the next ``schedule`` may give rows drafts: speculation is on and the running batch is no
+        larger than ``disable_by_batch_size``. Otherwise a step in flight need not report before it (the engine
+        then keeps scheduling one step ahead)."""
+        return self.num_speculative_tokens > 0 and (
+            self.disable_by_batch_size is None or len(self.running) <= self.disable_by_batch_size)
 
     def _num_drafts(self, seq: Sequence, budget: int) -> int:
         """How many of ``seq``'s drafts a decode row computes this step: within what is left of the token budget,
@@ -337,9 +343,11 @@ class Scheduler:
                     self.waiting.remove(seq)
                 self._finish(seq, reason, stop_reason=token_id if reason == "stop" else None)
                 any_finished = True
-            elif draft_token_ids is not None:
-                k = self.num_speculative_tokens if seq.can_speculate else 0
-                seq.spec_token_ids = list(draft_token_ids[row][:k])
+            elif self.num_speculative_tokens:
+                # drafts follow this token: none when another is already pending after it (a step scheduled
+                # ahead), nor when the step proposed none
+                usable = draft_token_ids is not None and seq.can_speculate and not seq.num_pending_tokens
+                seq.spec_token_ids = list(draft_token_ids[row][:self.num_speculative_tokens]) if usable else []
         if any_finished:
             self.running = [s for s in self.running if s.status == SequenceStatus.RUNNING]
         return updated
@@ -375,6 +383,7 @@ class Scheduler:
                 f"{seq}: computed past its tokens and its {in_flight} drafts in flight")
             assert len(seq.spec_token_ids) <= self.num_speculative_tokens, f"{seq}: too many drafts"
             assert not (in_flight and seq.spec_token_ids), f"{seq}: new drafts before its drafts were verified"
+            assert not (seq.num_pending_tokens and seq.spec_token_ids), f"{seq}: drafts after a pending token"
             bs = self.block_manager.block_size
             assert len(self.block_manager.block_table(seq.seq_id)) >= (seq.num_computed_tokens + bs - 1) // bs
             self.block_manager.check_window(seq)

@@ -196,7 +196,7 @@ class LLMEngine:
             touched.update(self._admit_compiled())
         # bad words of several tokens read the newest token values, and drafts follow the newest token: the step
         # in flight reports before scheduling
-        if self._in_flight is not None and (self.speculative or self._value_readers and any(
+        if self._in_flight is not None and (self._drafts_need_values(self._in_flight) or self._value_readers and any(
                 seq.reads_output_values for seq in self.scheduler.running)):
             touched.update(self._resolve(self._sample(self._in_flight)))
             self._in_flight = None
@@ -228,6 +228,15 @@ class LLMEngine:
             stats.spec_num_drafts, stats.spec_num_draft_tokens = c.num_drafts, c.num_draft_tokens
             stats.spec_num_accepted_tokens, stats.spec_accepted_per_pos = c.num_accepted_tokens, tuple(c.per_pos)
         return outputs, stats
+
+    def _drafts_need_values(self, step: InFlightStep) -> bool:
+        """Speculative decoding: the step in flight must report before the next is scheduled when it verified
+        drafts (how many tokens it adds is unknown until then), when the next may carry drafts (they follow its
+        tokens), or under tensor parallelism (no rank but 0 reads a step's tokens on the device). Above
+        ``disable_by_batch_size`` none of that holds, and asynchronous scheduling runs one step ahead as without
+        speculation."""
+        return self.speculative and (step.sched.num_draft_tokens > 0 or self.scheduler.may_speculate()
+                                     or self.config.parallel_config.tensor_parallel_size > 1)
 
     def _mark_scheduled(self, sched: SchedulerOutput) -> None:
         """The time a request's first sequence was first scheduled (not again after a preemption)."""

@@ -11,7 +11,8 @@ REDRAW_S = 0.5
 
 
 class ThroughputMeter:
-    """Prefill and decode tokens per second over the wall time of the steps that did each."""
+    """Prefill and decode tokens per second over the wall time of the steps that did each. Decode tokens are
+    the generated ones: with speculative decoding, a step's rejected drafts are computed but not counted."""
 
     def __init__(self):
         self.tokens = {"prefill": 0, "decode": 0}
@@ -20,9 +21,11 @@ class ThroughputMeter:
     def update(self, stats: StepStats) -> str:
         """Count one step; the rates so far, as the progress bar's postfix."""
         total = stats.num_prefill_tokens + stats.num_decode_tokens
-        for key, n in (("prefill", stats.num_prefill_tokens), ("decode", stats.num_decode_tokens)):
+        rejected = stats.spec_num_draft_tokens - stats.spec_num_accepted_tokens
+        for key, n, counted in (("prefill", stats.num_prefill_tokens, stats.num_prefill_tokens),
+                                ("decode", stats.num_decode_tokens, max(0, stats.num_decode_tokens - rejected))):
             if n:  # a mixed step's time is shared in proportion to its tokens
-                self.tokens[key] += n
+                self.tokens[key] += counted
                 self.time[key] += stats.step_time * n / total
         rate = {k: self.tokens[k] / self.time[k] if self.time[k] else 0.0 for k in self.tokens}
         return f"prefill={rate['prefill']:.0f}tok/s, decode={rate['decode']:.0f}tok/s"

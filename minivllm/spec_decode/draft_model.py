@@ -24,6 +24,9 @@ class DraftModelProposer:
 
     hidden_state_layers: tuple[int, ...] = ()
 
+    #: its KV cache must see every step's tokens (prefill chunks, steps above disable_by_batch_size)
+    needs_every_step = True
+
     def __init__(self, path: str, num_speculative_tokens: int, target_vocab_size: int, max_model_len: int,
                  device: torch.device, dtype: torch.dtype, backend: str = "torch"):
         arch = load_arch(path)

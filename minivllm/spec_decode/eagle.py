@@ -26,6 +26,9 @@ class EagleProposer:
     """``Proposer`` of an EAGLE-3 head at ``path`` for ``target`` (a decoder whose ``forward`` takes
     ``aux_layers``), built on ``device`` in ``dtype``; ``init_kv_cache`` gives it its cache."""
 
+    #: its KV cache must see every step's tokens (prefill chunks, steps above disable_by_batch_size)
+    needs_every_step = True
+
     def __init__(self, path: str, num_speculative_tokens: int, target: torch.nn.Module, max_model_len: int,
                  device: torch.device, dtype: torch.dtype, backend: str = "torch"):
         if "aux_layers" not in inspect.signature(target.forward).parameters:

@@ -13,6 +13,7 @@ class NgramDrafter:
     history (``ProposerInputs.token_ids``). Deterministic: no draft probabilities."""
 
     hidden_state_layers: tuple[int, ...] = ()
+    needs_every_step = False  # its state is the runner's token history
 
     def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int):
         self.num_speculative_tokens = num_speculative_tokens

@@ -33,7 +33,7 @@ class ProposerInputs:
     seq_ids: tuple[int, ...]  # [rows]
     slots: np.ndarray  # [rows] int64: each row's slot in the runner's batch
     token_ids: np.ndarray  # [max_num_seqs, max_model_len] int32 (all slots; see above)
-    num_tokens: np.ndarray  # [rows] int32: tokens each row holds after this step (0: a row still prefilling)
+    num_tokens: np.ndarray  # [rows] int32: tokens each row holds after this step (a prefilling row: its prompt)
     num_accepted: np.ndarray  # [rows] int32: drafts of this step the row accepted (0 without drafts)
     next_token_ids: np.ndarray  # [rows] int64: the token each sampled row took last (-1: not sampled)
     max_drafts: np.ndarray  # [rows] int32: most drafts the row may take next step (0: propose none)
@@ -46,6 +46,7 @@ class ProposerInputs:
 
     @property
     def num_rows(self) -> int:
+        """The step's rows."""
         return len(self.seq_ids)
 
 
@@ -54,8 +55,8 @@ class DraftProposal(NamedTuple):
 
     token_ids: np.ndarray  # [rows, k] int32
     num_drafts: np.ndarray  # [rows] int32, each <= the row's max_drafts
-    # [rows, k, V] float32: the draft distribution each token was drawn from; None: deterministic drafts (each
-    # has probability 1 under the proposer, as n-gram's)
+    # [rows, k, V] float32 over the target's vocabulary: the distribution each draft was drawn from; None:
+    # deterministic drafts (each has probability 1 under the proposer, as n-gram's and greedy heads')
     probs: torch.Tensor | None = None
 
 
@@ -66,6 +67,10 @@ class Proposer(Protocol):
     num_speculative_tokens: int
     #: target layers whose hidden states ``ProposerInputs.hidden_states`` carries (EAGLE-3: three); () for none
     hidden_state_layers: tuple[int, ...]
+    #: it must see every step, even one whose rows may not draft (its own KV cache computes every token); False:
+    #: it reads only the runner's token history (n-gram), so such steps are sampled without it (the runner
+    #: treats a proposer without this attribute as True)
+    needs_every_step: bool
 
     def propose(self, inputs: ProposerInputs) -> DraftProposal:
         """Each row's drafts for the next step (no row more than its ``max_drafts``)."""

@@ -275,7 +275,7 @@ class ModelRunner:
             if self.proposer_layers:  # a model-based proposer still computes the step's tokens into its cache
                 self.spec_step.catch_up(self, fwd)
             return StepHandle.ready(SampledTokens([]), fwd.prompt)
-        if self.spec_step is not None:
+        if self.spec_step is not None and self.spec_step.verifies(fwd.out):
             return StepHandle.ready(self.spec_step.sample(self, fwd, fwd.inputs, grammar), fwd.prompt)
         if fwd.temperatures is not None:
             res = self._sample_sharded(fwd)
@@ -284,8 +284,11 @@ class ModelRunner:
         self.prev_sampled = res.sampled_token_ids
         if self.share_sampled:
             self.tp_group.broadcast(res.sampled_token_ids, src=0)
-        return StepHandle(res, [p.num_logprobs for p in fwd.params], fwd.prompt,
-                          [p.logprob_token_ids for p in fwd.params])
+        handle = StepHandle(res, [p.num_logprobs for p in fwd.params], fwd.prompt,
+                            [p.logprob_token_ids for p in fwd.params])
+        if self.spec_step is not None:  # speculation off for this batch: its tokens join the history later
+            self.spec_step.defer(fwd.out.sampled, handle)
+        return handle
 
     @torch.inference_mode()
     def execute_step(self, out: SchedulerOutput) -> None:
@@ -311,8 +314,12 @@ class ModelRunner:
             for req in out.new_requests:
                 if req.params.has_penalties:
                     self.penalties.add(req.seq_id, req.prompt_token_ids, req.output_token_ids or ())
-        if self.spec_step is not None and out.finished_seq_ids:
-            self.spec_step.proposer.remove(out.finished_seq_ids)
+        if self.spec_step is not None:
+            if out.finished_seq_ids:
+                self.spec_step.proposer.remove(out.finished_seq_ids)
+                self.spec_step.forget(out.finished_seq_ids)
+            if out.new_requests:  # their token history came whole
+                self.spec_step.forget_deferred(r.seq_id for r in out.new_requests)
         temps = None
         if self.sharded_sampling and out.sampled:
             temps = sharded_temperatures([self.batch.params[s.seq_id] for s in out.sampled],

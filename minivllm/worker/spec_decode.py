@@ -10,6 +10,8 @@ distribution.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 import torch
 
@@ -18,6 +20,7 @@ from minivllm.sample.spec_metadata import build_spec_sampling_metadata
 from minivllm.spec_decode.proposer import DraftProposal, Proposer, ProposerInputs, no_drafts
 from minivllm.worker.input_batch import InputBatch, StepInputs
 from minivllm.worker.outputs import SampledTokens
+from minivllm.worker.step_handle import StepHandle
 
 
 class SpeculativeStep:
@@ -29,10 +32,44 @@ class SpeculativeStep:
         self.batch = batch
         self.k = proposer.num_speculative_tokens
         self.disable_by_batch_size = disable_by_batch_size
+        self.needs_every_step = getattr(proposer, "needs_every_step", True)
+        # seq id -> [n, V] the distributions its pending drafts were drawn from (a proposer that samples them)
+        self.draft_probs: dict[int, torch.Tensor] = {}
+        # steps sampled without speculation (above disable_by_batch_size), oldest first: {seq id: row} and the
+        # step's handle, whose tokens join the history once they reach the host
+        self.deferred: deque[tuple[dict[int, int], StepHandle]] = deque()
+
+    def verifies(self, out) -> bool:
+        """Whether a step goes through ``sample``: it has drafts to verify, or its batch may propose. A larger
+        batch without drafts is sampled by the plain sampler (the host does not wait for its tokens)."""
+        limit = self.disable_by_batch_size
+        return out.num_draft_tokens > 0 or self.needs_every_step or limit is None or len(out.rows) <= limit
+
+    def defer(self, sampled_rows, handle: StepHandle) -> None:
+        """A step sampled without speculation: its tokens join the history later (those already on the host now)."""
+        self.deferred.append(({r.seq_id: i for i, r in enumerate(sampled_rows)}, handle))
+        while self.deferred and self.deferred[0][1].resolved:
+            self._drain_one()
+
+    def forget_deferred(self, seq_ids) -> None:
+        """Sequences the runner got whole again (their history included): their deferred tokens are not added."""
+        if self.deferred:
+            for seq_id in seq_ids:
+                for rows, _ in self.deferred:
+                    rows.pop(seq_id, None)
+
+    def _drain_one(self) -> None:
+        rows, handle = self.deferred.popleft()
+        token_ids, slots = handle.result().token_ids, self.batch.slots
+        for seq_id, i in rows.items():
+            if seq_id in slots:
+                self.batch.append_tokens(slots[seq_id], (token_ids[i],))
 
     def sample(self, runner, fwd, inp: StepInputs, grammar=None) -> SampledTokens:
         """Verify the step's drafts, record the new tokens and propose the next drafts: the step's host results.
         ``runner``: the ``ModelRunner`` (its sampler, penalties, generator and batch)."""
+        while self.deferred:  # the history is whole before anything is proposed from it
+            self._drain_one()
         rows = fwd.out.sampled
         num_drafts = [r.num_draft_tokens for r in rows]
         drafts = [r.token_ids[len(r.token_ids) - r.num_draft_tokens:] for r in rows]
@@ -47,8 +84,10 @@ class SpeculativeStep:
             penalty_tensors=runner.penalties.gather(seq_ids) if penalized else None,
             forced_tokens=[r.forced_token for r in rows] if any(r.forced_token is not None for r in rows) else None)
         flat = torch.tensor([t for d in drafts for t in d], dtype=torch.int64).to(runner.device)  # [D]
-        res = rejection_sample(fwd.logits, num_drafts, flat, None, md, triton=runner.sampler.fused)
+        probs = self._verified_probs(seq_ids, num_drafts, drafts, fwd.logits.shape[1])
+        res = rejection_sample(fwd.logits, num_drafts, flat, probs, md, triton=runner.sampler.fused)
         tokens = res.token_id_lists()  # one copy to the host
+        runner.prev_sampled = res.last_token_ids  # [rows]: a step scheduled ahead reads them (no drafts then)
         if runner.penalties.rows:
             runner.penalties.record(seq_ids, res.sampled_token_ids, num_drafts, res.emitted)
         lengths = [len(t) for t in tokens]
@@ -64,7 +103,38 @@ class SpeculativeStep:
         proposal = self._propose(runner, fwd, inp, lengths, out)
         out.draft_token_ids = [proposal.token_ids[i, :n].tolist() for i, n in enumerate(proposal.num_drafts)
                                if fwd.out.rows[i].sampled]
+        for i, row in enumerate(fwd.out.rows):  # every sampled row's drafts are new: so are their distributions
+            if row.sampled:
+                n = int(proposal.num_drafts[i])
+                if proposal.probs is not None and n:
+                    self.draft_probs[row.seq_id] = proposal.probs[i, :n]
+                else:
+                    self.draft_probs.pop(row.seq_id, None)
         return out
+
+    def forget(self, seq_ids) -> None:
+        """Drop what is kept of sequences that left the batch."""
+        for seq_id in seq_ids:
+            self.draft_probs.pop(seq_id, None)
+
+    def _verified_probs(self, seq_ids: list[int], num_drafts: list[int], drafts: list[tuple[int, ...]],
+                        vocab: int) -> torch.Tensor | None:
+        """``[D, V]`` the distributions the step's drafts were drawn from (the scheduler may have cut a row's
+        drafts: its first ones), or None when every draft is deterministic. A deterministic draft among sampled
+        ones has a one-hot distribution."""
+        kept = [self.draft_probs.get(s) if d else None for s, d in zip(seq_ids, num_drafts)]
+        given = [k for k in kept if k is not None]
+        if not given:
+            return None
+        parts = []
+        for k, d, ids in zip(kept, num_drafts, drafts):
+            if not d:
+                continue
+            if k is None:
+                k = torch.zeros(d, vocab, dtype=torch.float32, device=given[0].device)  # [d, V]
+                k[torch.arange(d), torch.tensor(ids)] = 1.0
+            parts.append(k[:d].to(torch.float32))
+        return torch.cat(parts)  # [D, V]
 
     @staticmethod
     def _logprobs(out: SampledTokens, res, keep: list[int], params) -> None:
@@ -85,11 +155,11 @@ class SpeculativeStep:
 
     def _propose(self, runner, fwd, inp: StepInputs, lengths: list[int], out: SampledTokens | None) -> DraftProposal:
         """The proposer's drafts for every row of the step (none for rows not sampled, nor past
-        ``disable_by_batch_size``: a model-based proposer is still called then, to keep its KV cache)."""
+        ``disable_by_batch_size``: a proposer that needs every step still sees it, asked for no drafts)."""
         all_rows = fwd.out.rows
         n = len(all_rows)
         disabled = self.disable_by_batch_size is not None and n > self.disable_by_batch_size
-        if n == 0 or (disabled and not runner.proposer_layers):
+        if n == 0 or (disabled and not self.needs_every_step):
             return no_drafts(n, self.k)
         batch = self.batch
         slots = np.fromiter((batch.slots[r.seq_id] for r in all_rows), dtype=np.int64, count=n)

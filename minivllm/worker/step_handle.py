@@ -48,6 +48,11 @@ class StepHandle:
         handle._done, handle.prompt = sampled, prompt
         return handle
 
+    @property
+    def resolved(self) -> bool:
+        """``result()`` has been taken (it returns at once)."""
+        return self._done is not None
+
     def result(self) -> SampledTokens:
         if self._done is None:
             if self.event is not None:

@@ -57,3 +57,20 @@ def test_seeded_sampling_is_reproducible_on_gpu():
         with LLM(DEMO_MODEL, **ENGINE, speculative_config=NGRAM) as llm:
             runs.append([o["token_ids"] for o in llm.generate(REPETITIVE_PROMPTS[:4], params, use_tqdm=False)])
     assert runs[0] == runs[1]
+
+
+def test_large_batches_run_ahead_with_graphs_above_disable_by_batch_size(expected):
+    """Above disable_by_batch_size the engine schedules one step ahead and decode steps replay CUDA graphs; the
+    batch's tail speculates. Greedy outputs equal no speculation."""
+    params = [SamplingParams(temperature=0, max_tokens=16 + 3 * i, ignore_eos=True)
+              for i in range(len(REPETITIVE_PROMPTS))]
+    with LLM(DEMO_MODEL, **ENGINE) as llm:
+        want = llm.generate(REPETITIVE_PROMPTS, params, use_tqdm=False)
+    with LLM(DEMO_MODEL, **ENGINE, speculative_config={**NGRAM, "disable_by_batch_size": 4}) as llm:
+        runner = llm.engine.executor.runner
+        replays, original = [], runner.graph_runner.run
+        runner.graph_runner.run = lambda inp, prev: replays.append(prev is not None) or original(inp, prev)
+        got = llm.generate(REPETITIVE_PROMPTS, params, use_tqdm=False)
+        drafts = llm.engine.spec_totals.num_drafts
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in want]
+    assert any(replays) and drafts > 0  # graphs fed the step in flight's tokens; the tail drafted

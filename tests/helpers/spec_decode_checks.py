@@ -58,4 +58,5 @@ def feature_params(base: LLM) -> list[SamplingParams]:
                        logprob_token_ids=[1, 2, 3]),
         SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logit_bias={13: 2.0}),
         SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, bad_words=["return"]),
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, prompt_logprobs=2, logprobs=2),
     ]

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import sys
 import time
 
@@ -114,14 +115,43 @@ async def _wait_ready(client, base: str, timeout: float) -> None:
         await asyncio.sleep(0.5)
 
 
+_SPEC_METRIC = re.compile(r'^vllm:spec_decode_(num_drafts|num_draft_tokens|num_accepted_tokens|'
+                          r'num_accepted_tokens_per_pos)_total(?:\{([^}]*)\})? (\S+)$', re.M)
+
+
+async def _spec_counters(client, base: str):
+    """The server's speculative-decoding counters from ``/metrics`` (vLLM's names, summed over models), or None
+    when it exports none (no speculation, or no metrics)."""
+    from minivllm.engine.spec_decode_stats import SpecDecodeCounters
+
+    try:
+        resp = await client.get(base + "/metrics")
+    except Exception:  # noqa: BLE001 - a server without metrics
+        return None
+    found = _SPEC_METRIC.findall(resp.text) if resp.status_code == 200 else []
+    if not found:
+        return None
+    counts, per_pos = {}, {}
+    for name, labels, value in found:
+        if name == "num_accepted_tokens_per_pos":
+            pos = int(re.search(r'position="(\d+)"', labels)[1])
+            per_pos[pos] = per_pos.get(pos, 0) + int(float(value))
+        else:
+            counts[name] = counts.get(name, 0) + int(float(value))
+    k = max(per_pos) + 1 if per_pos else 0
+    return SpecDecodeCounters(k, counts.get("num_drafts", 0), counts.get("num_draft_tokens", 0),
+                              counts.get("num_accepted_tokens", 0), [per_pos.get(i, 0) for i in range(k)])
+
+
 async def _model_name(client, base: str) -> str:
     resp = await client.get(base + "/v1/models")
     resp.raise_for_status()
     return resp.json()["data"][0]["id"]
 
 
-async def benchmark(args: argparse.Namespace) -> tuple[list[dict], float, str]:
-    """Send the requests; returns their records, the wall time and the model's name."""
+async def benchmark(args: argparse.Namespace) -> tuple[list[dict], float, str, dict | None]:
+    """Send the requests; returns their records, the wall time, the model's name and the server's
+    speculative-decoding figures over the run (None without speculation)."""
     import httpx
     from tqdm import tqdm
 
@@ -133,6 +163,7 @@ async def benchmark(args: argparse.Namespace) -> tuple[list[dict], float, str]:
     async with httpx.AsyncClient(timeout=None, headers=headers, limits=limits) as client:
         await _wait_ready(client, base, args.ready_timeout)
         model = args.model or await _model_name(client, base)
+        spec_before = await _spec_counters(client, base)
 
         async def limited(prompt) -> dict:
             body = {"model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": args.temperature,
@@ -154,14 +185,19 @@ async def benchmark(args: argparse.Namespace) -> tuple[list[dict], float, str]:
                     await asyncio.sleep(rng.expovariate(args.request_rate))
             recs = await asyncio.gather(*tasks)
             elapsed = time.perf_counter() - t0
-        return recs, elapsed, model
+        spec_after = await _spec_counters(client, base) if spec_before is not None else None
+        spec = None
+        if spec_after is not None:
+            spec_before.per_pos += [0] * (spec_after.k - spec_before.k)
+            spec = spec_after.since(spec_before).summary()
+        return recs, elapsed, model, spec
 
 
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark, print its table; returns the result."""
     if not args.request_rate > 0:
         raise ValueError(f"request_rate must be > 0 (inf: all at once), got {args.request_rate}")
-    recs, duration, model = asyncio.run(benchmark(args))
+    recs, duration, model, spec = asyncio.run(benchmark(args))
     ok = [r for r in recs if r["success"]]
     n_out = sum(r["output_tokens"] for r in ok)
     ttft = common.summary([r["ttft"] for r in ok], 1000)
@@ -184,6 +220,8 @@ def run(args: argparse.Namespace) -> dict:
               "total_token_throughput": (len(ok) * args.input_len + n_out) / duration,
               "streamed_chunks": n_chunks, "logprobs": args.logprobs,
               "ttft_ms": ttft, "tpot_ms": tpot, "itl_ms": itl, "e2el_ms": e2el}
+    if spec is not None and spec["num_drafts"]:
+        result["speculative_decoding"] = spec
     for name, s in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
         for stat in ("mean", "median", "p99"):
             result[f"{stat}_{name}_ms"] = s[stat]  # vLLM's flat key names
@@ -201,6 +239,7 @@ def run(args: argparse.Namespace) -> dict:
             ["TPOT (ms)", tpot["mean"], tpot["median"], tpot["p99"]],
             ["ITL (ms)", itl["mean"], itl["median"], itl["p99"]],
             ["E2E latency (ms)", e2el["mean"], e2el["median"], e2el["p99"]]]
+    rows += [[name, value, "", ""] for name, value in common.spec_decode_rows(result)]
     common.print_table("serving results", ["metric", "mean / value", "median", "p99"], rows)
     return result
 
