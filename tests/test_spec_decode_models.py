@@ -58,6 +58,18 @@ def spec(method: str, model: str, k: int = 3, **kw) -> dict:
     return {"method": method, "model": model, "num_speculative_tokens": k, **kw}
 
 
+def assert_same_tokens(got: list[dict], expected: list[dict]) -> None:
+    """``assert_same_outputs``, with prompt logprobs too compared within 1e-4 (rows meet in other batches when
+    drafts change the steps, so float32 logits differ in their last bits)."""
+    assert_same_outputs([{k: v for k, v in o.items() if k != "prompt_logprobs"} for o in got],
+                        [{k: v for k, v in o.items() if k != "prompt_logprobs"} for o in expected])
+    for g, e in zip(got, expected):
+        for a, b in zip(g.get("prompt_logprobs") or [], e.get("prompt_logprobs") or [], strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.keys() == b.keys() and all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+
+
 def run_both(path: str, speculative_config: dict, prompts, params, **kw):
     """(speculative outputs, plain outputs, the speculative engine's counters)."""
     expected = LLM(path, device="cpu", **kw).generate(prompts, params, use_tqdm=False)
@@ -118,7 +130,7 @@ def test_every_feature_equals_no_speculation(method, kw):
     model = DEMO_MODEL if method == "draft_model" else DEMO_HEAD
     llm = LLM(DEMO_MODEL, device="cpu", speculative_config=spec(method, model), **kw)
     got = llm.generate(prompts, params, use_tqdm=False)
-    assert_same_outputs(got, expected)
+    assert_same_tokens(got, expected)
     assert llm.engine.spec_totals.num_accepted_tokens > 0
     llm.engine.scheduler.check_integrity()
 
