@@ -18,7 +18,7 @@ forward drafts every position at once: the head's step ``j`` at ``t`` is fed the
 drafts as long as every earlier draft of that step was accepted. n-gram prompt lookup is measured on the same
 sequences.
 
-Typical use (about 40 minutes on two shared cores)::
+Typical use (about 13 minutes on two idle cores, stopped by ``--minutes`` when they are shared)::
 
     python scripts/train_eagle3_head.py --out models/minivllm-demo-py-eagle3
 """
@@ -61,8 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup-steps", type=int, default=20)
-    p.add_argument("--max-steps", type=int, default=350)
-    p.add_argument("--minutes", type=float, default=38.0, help="training time budget (0: none)")
+    p.add_argument("--max-steps", type=int, default=1500)
+    p.add_argument("--minutes", type=float, default=30.0, help="training time budget (0: none)")
     p.add_argument("--max-files", type=int, default=None, help="only the first files of the corpus (smoke runs)")
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=128)
