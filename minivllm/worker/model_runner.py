@@ -42,7 +42,7 @@ from minivllm.spec_decode.factory import build_proposer
 from minivllm.worker.input_batch import InputBatch, StepInputs, dummy_prefill_inputs
 from minivllm.worker.kv_cache import bind_cache, block_bytes, cpu_num_blocks, gpu_num_blocks, new_cache
 from minivllm.worker.outputs import SampledTokens
-from minivllm.worker.spec_decode import SpeculativeStep
+from minivllm.worker.spec_decode import SpeculativeStep, proposer_block_bytes
 from minivllm.worker.step_handle import StepHandle
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -59,8 +59,7 @@ class Forward(NamedTuple):
     bad_words: list[tuple[tuple[int, ...], ...]] | None  # of the sampled rows (None: no row has any)
     temperatures: np.ndarray | None  # [sampled rows]: the step samples each rank's slice (None: gathered)
     inputs: StepInputs | None = None  # the step's inputs (speculative decoding: the proposer reads them)
-    # [step tokens, hidden * len(aux_layers)]: the target's streams entering the proposer's layers (EAGLE-3)
-    hidden_states: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None  # [step tokens, 3 * hidden]: EAGLE-3's target streams (aux_layers)
 
 
 def device_for_rank(config: Config, rank: int) -> torch.device:
@@ -115,9 +114,8 @@ class ModelRunner:
         self.spec_step = None
         if spec is not None and rank == 0:
             self.spec_step = SpeculativeStep(build_proposer(spec, self), self.batch, spec.disable_by_batch_size)
-        #: target layers whose input streams the proposer reads (EAGLE-3), and the newest step's ([tokens, ...])
-        self.aux_layers = self.spec_step.proposer.hidden_state_layers if self.spec_step is not None else ()
-        self.aux_hidden: torch.Tensor | None = None
+        self.aux_layers, self.aux_hidden = self.spec_step.proposer.hidden_state_layers if self.spec_step else (), None
+        self.aux_args = (self.aux_layers,) if self.aux_layers else ()  # EAGLE-3: the target streams it reads
         # sampling: rank 0, or every rank on its vocabulary slice (decided per step from the batch, the same on
         # every rank); unseeded rows draw from this engine's own generator, not torch's global one
         self.sampler = Sampler(fused=dc.triton_sampling)
@@ -135,11 +133,10 @@ class ModelRunner:
         #: each KV cache group's ``(sliding_window, num_blocks)``, in group order (the engine's block managers')
         self.kv_cache_groups = self._init_kv_cache()
         self.num_kvcache_blocks = sum(n for _, n in self.kv_cache_groups)
-        if self.proposer_layers:  # the draft model's or head's own cache, over the same block ids
-            self.spec_step.proposer.init_kv_cache(self.kv_cache_groups[0][1], self.block_size, sc.max_num_seqs,
-                                                  self.kv_dtype)
-        # NOTE: the decode graphs return no auxiliary hidden states: a proposer that reads them runs eagerly
-        if self.device.type == "cuda" and not dc.enforce_eager and not self.aux_layers:
+        if self.spec_step is not None:  # a draft model's or head's own cache, over the same block ids
+            self.spec_step.init_proposer_cache(self.kv_cache_groups[0][1], self.block_size, sc.max_num_seqs,
+                                               self.kv_dtype)
+        if self.device.type == "cuda" and not dc.enforce_eager and not self.aux_layers:  # graphs return no streams
             from minivllm.worker.cuda_graphs import DecodeGraphRunner
 
             self.graph_runner = DecodeGraphRunner(self.model, self.device, self.dtype, mc.arch.hidden_size,
@@ -156,16 +153,8 @@ class ModelRunner:
         between the groups by what one sequence of ``max_model_len`` tokens needs in each (``split_blocks``):
         one group gets exactly that many blocks."""
         cc, sc, mc = self.config.cache_config, self.config.scheduler_config, self.config.model_config
-        nbytes = block_bytes(self.attn_layers, self.block_size, self.kv_dtype)
-        # a model-based proposer's cache mirrors group 0's blocks: each of those blocks costs its bytes too
-        proposer = self.spec_step.proposer if self.spec_step is not None else None
-        self.proposer_layers = proposer.attention_layers() if hasattr(proposer, "attention_layers") else []
-        extra = block_bytes(self.proposer_layers, self.block_size, self.kv_dtype) if self.proposer_layers else 0
-        if extra and len(self.kv_cache_specs) > 1:
-            raise ValueError("speculative_config.method "
-                             f"{self.config.speculative_config.method!r} needs a target of one KV cache group "
-                             "(no sliding-window layers)")
-        nbytes += extra
+        extra = proposer_block_bytes(self.spec_step, self.block_size, self.kv_dtype, len(self.kv_cache_specs))
+        nbytes = block_bytes(self.attn_layers, self.block_size, self.kv_dtype) + extra
         max_blocks = -(-mc.max_model_len // self.block_size)
         if cc.num_kvcache_blocks is not None:
             num_blocks = cc.num_kvcache_blocks
@@ -272,7 +261,7 @@ class ModelRunner:
         on their way to the host. NOTE: before the next step starts: that one reads these tokens on the device."""
         self.prev_sampled = None
         if fwd.logits is None:
-            if self.proposer_layers:  # a model-based proposer still computes the step's tokens into its cache
+            if self.spec_step is not None and self.spec_step.proposer_layers:  # its cache still takes the tokens
                 self.spec_step.catch_up(self, fwd)
             return StepHandle.ready(SampledTokens([]), fwd.prompt)
         if self.spec_step is not None and self.spec_step.verifies(fwd.out):
@@ -374,10 +363,9 @@ class ModelRunner:
             input_ids = self._to_device(inp.input_ids)  # [num_tokens]
             if prev is not None:
                 input_ids[self._to_device(inp.prev_token_index)] = prev[self._to_device(inp.prev_token_src)]
+            hidden = self.model(input_ids, self._to_device(inp.positions), meta, *self.aux_args)
             if self.aux_layers:
-                hidden, self.aux_hidden = self.model(input_ids, self._to_device(inp.positions), meta, self.aux_layers)
-            else:
-                hidden = self.model(input_ids, self._to_device(inp.positions), meta)
+                hidden, self.aux_hidden = hidden
         prompt = None
         if inp.prompt_logprob_index is not None:
             prompt = prompt_logits(self.model, hidden[self._to_device(inp.prompt_logprob_index)])

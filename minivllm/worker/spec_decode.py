@@ -19,8 +19,20 @@ from minivllm.sample.rejection_sampler import rejection_sample
 from minivllm.sample.spec_metadata import build_spec_sampling_metadata
 from minivllm.spec_decode.proposer import DraftProposal, Proposer, ProposerInputs, no_drafts
 from minivllm.worker.input_batch import InputBatch, StepInputs
+from minivllm.worker.kv_cache import block_bytes
 from minivllm.worker.outputs import SampledTokens
 from minivllm.worker.step_handle import StepHandle
+
+
+def proposer_block_bytes(step: SpeculativeStep | None, block_size: int, dtype: torch.dtype, num_groups: int) -> int:
+    """What a model-based proposer's cache (which mirrors KV cache group 0's blocks) adds to each block of the
+    target's (0 without speculation or without a model)."""
+    if step is None or not step.proposer_layers:
+        return 0
+    if num_groups > 1:
+        raise ValueError("a model-based speculative method needs a target of one KV cache group (no "
+                         "sliding-window layers)")
+    return block_bytes(step.proposer_layers, block_size, dtype)
 
 
 class SpeculativeStep:
@@ -33,11 +45,18 @@ class SpeculativeStep:
         self.k = proposer.num_speculative_tokens
         self.disable_by_batch_size = disable_by_batch_size
         self.needs_every_step = getattr(proposer, "needs_every_step", True)
+        # a model-based proposer's attention layers: their own KV cache mirrors group 0's blocks
+        self.proposer_layers = proposer.attention_layers() if hasattr(proposer, "attention_layers") else []
         # seq id -> [n, V] the distributions its pending drafts were drawn from (a proposer that samples them)
         self.draft_probs: dict[int, torch.Tensor] = {}
         # steps sampled without speculation (above disable_by_batch_size), oldest first: {seq id: row} and the
         # step's handle, whose tokens join the history once they reach the host
         self.deferred: deque[tuple[dict[int, int], StepHandle]] = deque()
+
+    def init_proposer_cache(self, num_blocks: int, block_size: int, max_num_seqs: int, dtype: torch.dtype) -> None:
+        """Allocate a model-based proposer's cache over the target's ``num_blocks`` block ids (a no-op else)."""
+        if self.proposer_layers:
+            self.proposer.init_kv_cache(num_blocks, block_size, max_num_seqs, dtype)
 
     def verifies(self, out) -> bool:
         """Whether a step goes through ``sample``: it has drafts to verify, or its batch may propose. A larger
