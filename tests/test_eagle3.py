@@ -189,7 +189,6 @@ def test_aux_hidden_states_match_transformers(tiny_tied_model, aux_layers):
     from transformers import AutoModelForCausalLM
 
     arch = load_arch(tiny_tied_model)
-    torch.set_default_dtype(torch.float32)
     model = Qwen3ForCausalLM(arch, max_position=256).float()
     load_weights(model, tiny_tied_model)
     bind_head_cache(model, num_blocks=8, block_size=BLOCK)
