@@ -151,12 +151,24 @@ class DecoderModel(nn.Module):
                                      for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, backend == "triton", tp_group)
 
-    def forward(self, input_ids, positions, meta):
+    def forward(self, input_ids, positions, meta, aux_layers: tuple[int, ...] = ()):
+        """The final hidden states [n, hidden]; with ``aux_layers`` also the residual stream entering each of
+        those layers, concatenated in their order ([n, len(aux_layers) * hidden]: EAGLE-3's input)."""
         x, residual = self.embed_tokens(input_ids), None  # [n, hidden]
-        for layer in self.layers:
+        if aux_layers and self.norm.tp_group is not None:
+            raise NotImplementedError("auxiliary hidden states (EAGLE-3) under tensor parallelism")
+        if any(not 0 <= i < len(self.layers) for i in aux_layers):
+            raise ValueError(f"aux_layers {aux_layers} must be layer indices in [0, {len(self.layers)})")
+        aux: dict[int, torch.Tensor] = {}  # stays empty without aux_layers: one tuple test a layer
+        for i, layer in enumerate(self.layers):
+            if i in aux_layers:
+                # NOTE: a copy, or a new sum: the fused norms write into x and residual in place
+                aux[i] = x.clone() if residual is None else x + residual  # [n, hidden]
             x, residual = layer(positions, x, residual, meta)
         x, _ = self.norm(x, residual)
-        return x
+        if not aux_layers:
+            return x
+        return x, torch.cat([aux[i] for i in aux_layers], dim=-1)  # [n, hidden], [n, len(aux_layers) * hidden]
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -186,8 +198,11 @@ class Qwen3ForCausalLM(nn.Module):
         """The MLP of decoder layer ``layer`` (dense here; a mixture of experts overrides it)."""
         return MLP(cfg, backend == "triton", tp_group)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)  # [n, hidden]
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                aux_layers: tuple[int, ...] = ()):
+        """Hidden states [n, hidden]; with ``aux_layers`` (EAGLE-3) the pair ``(hidden, aux)`` where ``aux``
+        [n, len(aux_layers) * hidden] holds the residual stream entering each of those decoder layers."""
+        return self.model(input_ids, positions, meta, aux_layers)
 
     def compute_logits(self, hidden: torch.Tensor, gather: bool = True) -> torch.Tensor | None:
         """[rows, vocab] on rank 0 (None on ranks > 0); ``gather=False``: each rank's [rows, per_rank] slice."""

@@ -42,7 +42,7 @@ from minivllm.spec_decode.factory import build_proposer
 from minivllm.worker.input_batch import InputBatch, StepInputs, dummy_prefill_inputs
 from minivllm.worker.kv_cache import bind_cache, block_bytes, cpu_num_blocks, gpu_num_blocks, new_cache
 from minivllm.worker.outputs import SampledTokens
-from minivllm.worker.spec_decode import SpeculativeStep
+from minivllm.worker.spec_decode import SpeculativeStep, proposer_block_bytes
 from minivllm.worker.step_handle import StepHandle
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -59,6 +59,7 @@ class Forward(NamedTuple):
     bad_words: list[tuple[tuple[int, ...], ...]] | None  # of the sampled rows (None: no row has any)
     temperatures: np.ndarray | None  # [sampled rows]: the step samples each rank's slice (None: gathered)
     inputs: StepInputs | None = None  # the step's inputs (speculative decoding: the proposer reads them)
+    hidden_states: torch.Tensor | None = None  # [step tokens, 3 * hidden]: EAGLE-3's target streams (aux_layers)
 
 
 def device_for_rank(config: Config, rank: int) -> torch.device:
@@ -120,7 +121,9 @@ class ModelRunner:
         # positions, which the scheduler sends in each row's tokens)
         self.spec_step = None
         if spec is not None and rank == 0:
-            self.spec_step = SpeculativeStep(build_proposer(spec), self.batch, spec.disable_by_batch_size)
+            self.spec_step = SpeculativeStep(build_proposer(spec, self), self.batch, spec.disable_by_batch_size)
+        self.aux_layers, self.aux_hidden = self.spec_step.proposer.hidden_state_layers if self.spec_step else (), None
+        self.aux_args = (self.aux_layers,) if self.aux_layers else ()  # EAGLE-3: the target streams it reads
         # sampling: rank 0, or every rank on its vocabulary slice (decided per step from the batch, the same on
         # every rank); unseeded rows draw from this engine's own generator, not torch's global one
         self.sampler = Sampler(fused=dc.triton_sampling)
@@ -138,7 +141,10 @@ class ModelRunner:
         #: each KV cache group's ``(sliding_window, num_blocks)``, in group order (the engine's block managers')
         self.kv_cache_groups = self._init_kv_cache()
         self.num_kvcache_blocks = sum(n for _, n in self.kv_cache_groups)
-        if self.device.type == "cuda" and not dc.enforce_eager and self._lora_graph_safe():
+        if self.spec_step is not None:  # a draft model's or head's own cache, over the same block ids
+            self.spec_step.init_proposer_cache(self.kv_cache_groups[0][1], self.block_size, sc.max_num_seqs,
+                                               self.kv_dtype)
+        if self.device.type == "cuda" and not dc.enforce_eager and not self.aux_layers and self._lora_graph_safe():
             from minivllm.worker.cuda_graphs import DecodeGraphRunner
 
             if self.lora is not None:  # the graphs read the per-token slots from the static buffer
@@ -166,7 +172,8 @@ class ModelRunner:
         between the groups by what one sequence of ``max_model_len`` tokens needs in each (``split_blocks``):
         one group gets exactly that many blocks."""
         cc, sc, mc = self.config.cache_config, self.config.scheduler_config, self.config.model_config
-        nbytes = block_bytes(self.attn_layers, self.block_size, self.kv_dtype)
+        extra = proposer_block_bytes(self.spec_step, self.block_size, self.kv_dtype, len(self.kv_cache_specs))
+        nbytes = block_bytes(self.attn_layers, self.block_size, self.kv_dtype) + extra
         max_blocks = -(-mc.max_model_len // self.block_size)
         if cc.num_kvcache_blocks is not None:
             num_blocks = cc.num_kvcache_blocks
@@ -181,6 +188,7 @@ class ModelRunner:
             num_blocks = gpu_num_blocks(self.device, cc.gpu_memory_utilization, nbytes,
                                         4 * sc.max_num_seqs * max_blocks + 1)
         group_bytes = [block_bytes(layers, self.block_size, self.kv_dtype) for layers in self.group_layers]
+        group_bytes[0] += extra
         per_seq = [blocks_per_seq(g.sliding_window, mc.max_model_len, self.block_size) for g in self.kv_cache_specs]
         chunk = sc.max_num_batched_tokens  # one sequence's worst: its whole chunk past the window
         worst = [blocks_per_seq(g.sliding_window, mc.max_model_len, self.block_size, chunk)
@@ -263,7 +271,8 @@ class ModelRunner:
         params = [self.batch.params[s.seq_id] for s in out.sampled]
         words = self.batch.bad_words
         bad_words = [words.get(s.seq_id, ()) for s in out.sampled] if words else None
-        return Forward(out, logits, prompt, params, bad_words, temps, inp if self.spec_step is not None else None)
+        return Forward(out, logits, prompt, params, bad_words, temps, inp if self.spec_step is not None else None,
+                       self.aux_hidden)
 
     @torch.inference_mode()
     def finish_step(self, fwd: Forward, grammar=None) -> StepHandle:
@@ -271,6 +280,8 @@ class ModelRunner:
         on their way to the host. NOTE: before the next step starts: that one reads these tokens on the device."""
         self.prev_sampled = None
         if fwd.logits is None:
+            if self.spec_step is not None and self.spec_step.proposer_layers:  # its cache still takes the tokens
+                self.spec_step.catch_up(self, fwd)
             return StepHandle.ready(SampledTokens([]), fwd.prompt)
         if self.spec_step is not None and self.spec_step.verifies(fwd.out):
             return StepHandle.ready(self.spec_step.sample(self, fwd, fwd.inputs, grammar), fwd.prompt)
@@ -376,7 +387,9 @@ class ModelRunner:
             input_ids = self._to_device(inp.input_ids)  # [num_tokens]
             if prev is not None:
                 input_ids[self._to_device(inp.prev_token_index)] = prev[self._to_device(inp.prev_token_src)]
-            hidden = self.model(input_ids, self._to_device(inp.positions), meta)
+            hidden = self.model(input_ids, self._to_device(inp.positions), meta, *self.aux_args)
+            if self.aux_layers:
+                hidden, self.aux_hidden = hidden
         prompt = None
         if inp.prompt_logprob_index is not None:
             prompt = prompt_logits(self.model, hidden[self._to_device(inp.prompt_logprob_index)])

@@ -19,8 +19,20 @@ from minivllm.sample.rejection_sampler import rejection_sample
 from minivllm.sample.spec_metadata import build_spec_sampling_metadata
 from minivllm.spec_decode.proposer import DraftProposal, Proposer, ProposerInputs, no_drafts
 from minivllm.worker.input_batch import InputBatch, StepInputs
+from minivllm.worker.kv_cache import block_bytes
 from minivllm.worker.outputs import SampledTokens
 from minivllm.worker.step_handle import StepHandle
+
+
+def proposer_block_bytes(step: SpeculativeStep | None, block_size: int, dtype: torch.dtype, num_groups: int) -> int:
+    """What a model-based proposer's cache (which mirrors KV cache group 0's blocks) adds to each block of the
+    target's (0 without speculation or without a model)."""
+    if step is None or not step.proposer_layers:
+        return 0
+    if num_groups > 1:
+        raise ValueError("a model-based speculative method needs a target of one KV cache group (no "
+                         "sliding-window layers)")
+    return block_bytes(step.proposer_layers, block_size, dtype)
 
 
 class SpeculativeStep:
@@ -33,11 +45,18 @@ class SpeculativeStep:
         self.k = proposer.num_speculative_tokens
         self.disable_by_batch_size = disable_by_batch_size
         self.needs_every_step = getattr(proposer, "needs_every_step", True)
+        # a model-based proposer's attention layers: their own KV cache mirrors group 0's blocks
+        self.proposer_layers = proposer.attention_layers() if hasattr(proposer, "attention_layers") else []
         # seq id -> [n, V] the distributions its pending drafts were drawn from (a proposer that samples them)
         self.draft_probs: dict[int, torch.Tensor] = {}
         # steps sampled without speculation (above disable_by_batch_size), oldest first: {seq id: row} and the
         # step's handle, whose tokens join the history once they reach the host
         self.deferred: deque[tuple[dict[int, int], StepHandle]] = deque()
+
+    def init_proposer_cache(self, num_blocks: int, block_size: int, max_num_seqs: int, dtype: torch.dtype) -> None:
+        """Allocate a model-based proposer's cache over the target's ``num_blocks`` block ids (a no-op else)."""
+        if self.proposer_layers:
+            self.proposer.init_kv_cache(num_blocks, block_size, max_num_seqs, dtype)
 
     def verifies(self, out) -> bool:
         """Whether a step goes through ``sample``: it has drafts to verify, or its batch may propose. A larger
@@ -100,7 +119,7 @@ class SpeculativeStep:
             self._logprobs(out, res, [starts[r] + j for r, n in enumerate(lengths) for j in range(n)], fwd.params)
         for r, seq_id in enumerate(seq_ids):
             self.batch.append_tokens(self.batch.slots[seq_id], tokens[r])
-        proposal = self._propose(fwd, inp, lengths, out)
+        proposal = self._propose(runner, fwd, inp, lengths, out)
         out.draft_token_ids = [proposal.token_ids[i, :n].tolist() for i, n in enumerate(proposal.num_drafts)
                                if fwd.out.rows[i].sampled]
         for i, row in enumerate(fwd.out.rows):  # every sampled row's drafts are new: so are their distributions
@@ -148,7 +167,12 @@ class SpeculativeStep:
         if res.token_id_logprobs is not None:
             out.chosen_logprobs = res.token_id_logprobs[index].tolist()
 
-    def _propose(self, fwd, inp: StepInputs, lengths: list[int], out: SampledTokens) -> DraftProposal:
+    def catch_up(self, runner, fwd) -> None:
+        """A step without sampled rows (prefill chunks): a model-based proposer still computes its tokens into
+        its own KV cache (it drafts nothing)."""
+        self._propose(runner, fwd, fwd.inputs, [], None)
+
+    def _propose(self, runner, fwd, inp: StepInputs, lengths: list[int], out: SampledTokens | None) -> DraftProposal:
         """The proposer's drafts for every row of the step (none for rows not sampled, nor past
         ``disable_by_batch_size``: a proposer that needs every step still sees it, asked for no drafts)."""
         all_rows = fwd.out.rows
@@ -162,13 +186,14 @@ class SpeculativeStep:
         accepted = np.zeros(n, dtype=np.int32)
         next_ids = np.full(n, -1, dtype=np.int64)
         accepted[sampled] = np.asarray(lengths, dtype=np.int32) - 1
-        next_ids[sampled] = [out.tokens_of(r)[-1] for r in range(len(lengths))]
-        device = fwd.logits.device
+        if lengths:
+            next_ids[sampled] = [out.tokens_of(r)[-1] for r in range(len(lengths))]
+        device = runner.device
         inputs = ProposerInputs(
             seq_ids=tuple(r.seq_id for r in all_rows), slots=slots, token_ids=batch.token_ids,
             num_tokens=batch.num_tokens[slots], num_accepted=accepted, next_token_ids=next_ids,
             max_drafts=np.where(sampled & (not disabled), self.k, 0).astype(np.int32),
             input_ids=torch.from_numpy(inp.input_ids).to(device), positions=torch.from_numpy(inp.positions).to(device),
             slot_mapping=torch.from_numpy(inp.slot_mapping).to(device), cu_seqlens_q=inp.cu_seqlens_q,
-            block_tables=inp.block_tables)
+            block_tables=inp.block_tables, hidden_states=fwd.hidden_states)
         return self.proposer.propose(inputs)
