@@ -58,6 +58,16 @@ class InputProcessor:
                                  f"{rc.reasoning_end_str!r} must each be one token or more")
             self.reasoning_markers = (start, end)
 
+    def process_batch(self, prompts, params, lora_requests=None) -> list[EngineRequest]:
+        """Check and tokenize a batch (``params[i]`` and ``lora_requests[i]`` for ``prompts[i]``), every request
+        before any is queued."""
+        prompts, params = list(prompts), list(params)
+        loras = [None] * len(prompts) if lora_requests is None else list(lora_requests)
+        if len(loras) != len(prompts) or len(params) != len(prompts):
+            raise ValueError(f"lora_request / sampling_params: got {len(loras)} / {len(params)} for "
+                             f"{len(prompts)} prompts")
+        return [self.process(p, sp, lora_request=lr) for p, sp, lr in zip(prompts, params, loras)]
+
     def process(self, prompt: str | list[int], params: SamplingParams | None = None,
                 strict_length: bool = False, lora_request: LoRARequest | None = None) -> EngineRequest:
         """Check and tokenize one request. ``strict_length`` (the OpenAI server) also rejects a request whose

@@ -25,11 +25,10 @@ from minivllm.engine.structured_output import GrammarBitmask, StructuredOutputMa
 from minivllm.engine.tokenizer import load_tokenizer
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput, StepStats
-from minivllm.sample.metadata import SAMPLING_EPS
+from minivllm.sample.metadata import watermark_history
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.executor import create_executor
-from minivllm.worker.model_runner import Forward
-from minivllm.worker.step_handle import StepHandle
+from minivllm.worker.step_handle import Forward, StepHandle
 
 
 @dataclass
@@ -130,8 +129,8 @@ class LLMEngine:
                            request_id=f"{request_id}-{i}" if params.n > 1 else request_id,
                            prompt_logprobs=params.prompt_logprobs if i == 0 else None,
                            bad_words_token_ids=request.bad_words_token_ids,
-                           watermark_history=self._watermark_history(p), thinking_budget=request.thinking_budget,
-                           lora_request=request.lora_request)
+                           watermark_history=watermark_history(self.config.sampling_config.watermark_config, p),
+                           thinking_budget=request.thinking_budget, lora_request=request.lora_request)
             req.seqs.append(seq)
             req.detoks.append(IncrementalDetokenizer(
                 self.tokenizer, request.prompt_token_ids, skip_special_tokens=p.skip_special_tokens,
@@ -148,14 +147,6 @@ class LLMEngine:
         if req.seqs[0].reads_output_values:
             self._value_readers.add(request_id)
         return request_id
-
-    def _watermark_history(self, params: SamplingParams) -> int:
-        """The generated tokens a watermarked request's sampling reads (0: not watermarked: no watermark, a
-        greedy request, or one that opted out)."""
-        wm = self.config.sampling_config.watermark_config
-        if wm is None or params.watermarking is False or params.temperature < SAMPLING_EPS:
-            return 0
-        return wm.history()
 
     def _schedule(self, req: RequestState, grammar) -> None:
         """Hand the request's sequences to the scheduler, each at the start of ``grammar``'s template if any (or
@@ -188,11 +179,9 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ LoRA
     def add_lora(self, lora_request: LoRARequest) -> bool:
-        """Make a LoRA adapter known (its folder checked now: ValueError naming what is wrong); True once known.
-        Requests may also name an adapter that was never added: it is checked and added then."""
-        if lora_request is None:
-            raise ValueError("lora_request must be a LoRARequest, got None")
-        return self.processor.loras.resolve(lora_request) is not None
+        """Make a LoRA adapter known, its folder checked now (ValueError naming what is wrong); True once known.
+        A request may also name an adapter never added: it is checked and added then."""
+        return self.processor.loras.resolve(lora_request, required=True) is not None
 
     def remove_lora(self, lora_int_id: int) -> bool:
         """Forget a LoRA adapter (requests already queued with it still finish with it; the id may then name
@@ -253,17 +242,13 @@ class LLMEngine:
             prefix_cache_hit_tokens=sched.num_cached_tokens, prefix_cache_query_tokens=sched.num_admitted_tokens,
             step_time=time.perf_counter() - t0)
         if self._spec_step.num_drafts:
-            c, self._spec_step = self._spec_step, SpecDecodeCounters(self.spec_totals.k)
-            stats.spec_num_drafts, stats.spec_num_draft_tokens = c.num_drafts, c.num_draft_tokens
-            stats.spec_num_accepted_tokens, stats.spec_accepted_per_pos = c.num_accepted_tokens, tuple(c.per_pos)
+            self._spec_step = self._spec_step.report(stats)
         return outputs, stats
 
     def _drafts_need_values(self, step: InFlightStep) -> bool:
-        """Speculative decoding: the step in flight must report before the next is scheduled when it verified
-        drafts (how many tokens it adds is unknown until then), when the next may carry drafts (they follow its
-        tokens), or under tensor parallelism (no rank but 0 reads a step's tokens on the device). Above
-        ``disable_by_batch_size`` none of that holds, and asynchronous scheduling runs one step ahead as without
-        speculation."""
+        """Speculative decoding: the step in flight reports before the next is scheduled when it verified drafts
+        (how many tokens it adds is unknown until then), when the next may carry drafts (they follow its tokens),
+        or under tensor parallelism (only rank 0 reads a step's tokens on the device)."""
         return self.speculative and (step.sched.num_draft_tokens > 0 or self.scheduler.may_speculate()
                                      or self.config.parallel_config.tensor_parallel_size > 1)
 
@@ -316,19 +301,16 @@ class LLMEngine:
             owner = self._seq_to_request.get(seq_id)
             if owner is not None:
                 owner[0].on_prompt_logprobs(first, entries)
-        if sampled.row_starts is None:
-            updated = self.scheduler.update_from_output(sched, sampled.token_ids)
-        else:
-            updated = self.scheduler.update_from_output(sched, sampled.new_tokens(), sampled.draft_token_ids)
-            for c in (self.spec_totals, self._spec_step):
-                c.add(sampled)
+        updated = self.scheduler.update_from_output(sched, sampled.new_tokens(), sampled.draft_token_ids)
+        if self.speculative:
+            self.spec_totals.add(sampled)
+            self._spec_step.add(sampled)
         now = time.monotonic()
         grammars = self.structured.grammars if self.structured is not None else None
         report: dict[str, RequestState] = {}
         for row, seq in updated:
             req, i = self._seq_to_request[seq.seq_id]
-            tokens = sampled.tokens_of(row)[:seq.num_new_tokens] if sampled.row_starts is not None else \
-                (sampled.token_ids[row],)
+            tokens = sampled.tokens_of(row)[:seq.num_new_tokens]  # one, or the accepted drafts and one more
             for j, token in enumerate(tokens):
                 complete = bool(grammars) and seq.seq_id in grammars and self.structured.accept(seq.seq_id, token)
                 if complete:  # the grammar is complete: nothing but EOS may follow
@@ -369,13 +351,7 @@ class LLMEngine:
         """Run prompts to completion (``params[i]`` and ``lora_requests[i]`` for ``prompts[i]``; None: no adapter);
         their outputs in prompt order. Every request is checked before any is queued; on any error (or ^C) the
         batch's requests are aborted."""
-        prompts, params = list(prompts), list(params)
-        loras = [None] * len(prompts) if lora_requests is None else list(lora_requests)
-        if len(loras) != len(prompts):
-            raise ValueError(f"lora_request: got {len(loras)} for {len(prompts)} prompts")
-        requests = [self.processor.process(p, sp, lora_request=lr)
-                    for p, sp, lr in zip(prompts, params, loras, strict=True)]
-        ids = [self._add(r) for r in requests]
+        ids = [self._add(r) for r in self.processor.process_batch(prompts, params, lora_requests)]
         results: dict[str, RequestOutput] = {}
         pbar = BatchProgress(len(ids)) if use_tqdm else None
         try:

@@ -18,9 +18,11 @@ class LoRARegistry:
         self.arch = config.model_config.arch
         self.adapters: dict[int, PEFTAdapter] = {}
 
-    def resolve(self, lora_request) -> LoRARequest | None:
-        """The adapter a request runs with (None: the base model), checked and registered on first use;
-        ValueError naming ``lora_request`` or what is wrong with its folder."""
+    def resolve(self, lora_request, required: bool = False) -> LoRARequest | None:
+        """The adapter a request runs with (None: the base model, unless ``required``), checked and registered on
+        first use; ValueError naming ``lora_request`` or what is wrong with its folder."""
+        if lora_request is None and required:
+            raise ValueError("lora_request must be a LoRARequest, got None")
         if lora_request is None:
             return None
         if not isinstance(lora_request, LoRARequest):

@@ -30,6 +30,12 @@ class SpecDecodeCounters:
         for i, n in enumerate(per_pos):
             self.per_pos[i] += n
 
+    def report(self, stats) -> SpecDecodeCounters:
+        """Write the counts into a step's ``StepStats`` (its ``spec_*`` fields); returns fresh counters."""
+        stats.spec_num_drafts, stats.spec_num_draft_tokens = self.num_drafts, self.num_draft_tokens
+        stats.spec_num_accepted_tokens, stats.spec_accepted_per_pos = self.num_accepted_tokens, tuple(self.per_pos)
+        return SpecDecodeCounters(self.k)
+
     def copy(self) -> SpecDecodeCounters:
         """An independent snapshot of the counts."""
         return SpecDecodeCounters(self.k, self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,

@@ -50,6 +50,14 @@ class LoRAModelManager:
         self.host: OrderedDict[LoRARequest, HostAdapter] = OrderedDict()  # least recently used first
         self.token_slot_buf = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=device)  # [tokens]
 
+    @property
+    def graph_safe(self) -> bool:
+        """Whether CUDA graphs can capture the LoRA ops: the Triton kernels can, the torch reference (which reads
+        its slots on the host) cannot."""
+        from minivllm.lora.ops import uses_triton
+
+        return uses_triton(self.device)
+
     def load_slots(self, loads: tuple[tuple[int, LoRARequest], ...]) -> None:
         """Write each ``(slot, adapter)`` into the layers' slots (the adapter it replaces is no longer used)."""
         for slot, lora in loads:

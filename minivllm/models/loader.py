@@ -5,10 +5,23 @@ from __future__ import annotations
 import glob
 import os
 import re
+from contextlib import contextmanager
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+
+@contextmanager
+def build_context(device: torch.device, dtype: torch.dtype):
+    """Modules built inside are allocated on ``device`` in ``dtype`` (the target model and a draft model)."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(prev)
 
 
 def load_model_weights(model: nn.Module, mc) -> None:

@@ -287,3 +287,11 @@ def _add_watermark(md: SamplingMetadata, wm: WatermarkConfig, params: Sequence[S
     if rows:
         md.watermark_rows = _to_device(rows, torch.int64, device)
         md.watermark_keys = keys_tensor(keys, "cpu").to(device)
+
+
+def watermark_history(config: WatermarkConfig | None, params) -> int:
+    """The generated tokens a request's sampling reads for the watermark of ``config`` (a ``WatermarkConfig`` or
+    None); 0 when it is not watermarked: no watermark, a greedy request, or one that opted out."""
+    if config is None or params.watermarking is False or params.temperature < SAMPLING_EPS:
+        return 0
+    return config.history()

@@ -135,3 +135,4 @@ def detect(token_ids: Sequence[int], config: WatermarkConfig) -> WatermarkDetect
     u = uniforms(keys_tensor(keys, "cpu"), torch.tensor(targets).unsqueeze(1)).squeeze(1)  # [n] float64
     score = float((-torch.log1p(-u)).sum())
     return WatermarkDetection(score, len(targets), _gamma_survival(score, len(targets)))
+

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from minivllm.config.hf import load_arch
-from minivllm.models.loader import load_weights
+from minivllm.models.loader import build_context, load_weights
 from minivllm.models.registry import get_model_class
-from minivllm.spec_decode.draft_steps import CatchUp, DraftKVCache, build_context
+from minivllm.spec_decode.draft_steps import CatchUp, DraftKVCache
 from minivllm.spec_decode.proposer import DraftProposal, ProposerInputs, no_drafts
 
 

@@ -13,7 +13,6 @@ computes the accepted positions again, into the real blocks.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,18 +22,6 @@ from minivllm.layers.attention import Attention
 from minivllm.layers.attention_metadata import AttentionMetadata
 from minivllm.spec_decode.proposer import ProposerInputs
 from minivllm.worker.kv_cache import bind_cache, new_cache
-
-
-@contextmanager
-def build_context(device: torch.device, dtype: torch.dtype):
-    """Modules built inside are allocated on ``device`` in ``dtype`` (as the runner builds the target)."""
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            yield
-    finally:
-        torch.set_default_dtype(prev)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import torch
 
 from minivllm.models.eagle3 import Eagle3LlamaForCausalLM
 from minivllm.models.eagle3_loader import load_eagle3_config, load_eagle3_weights
-from minivllm.spec_decode.draft_steps import CatchUp, DraftKVCache, build_context
+from minivllm.models.loader import build_context
+from minivllm.spec_decode.draft_steps import CatchUp, DraftKVCache
 from minivllm.spec_decode.proposer import DraftProposal, ProposerInputs, no_drafts
 
 

@@ -7,8 +7,8 @@ from typing import Protocol
 
 from minivllm.config import Config
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.worker.model_runner import Forward, ModelRunner
-from minivllm.worker.step_handle import StepHandle
+from minivllm.worker.model_runner import ModelRunner
+from minivllm.worker.step_handle import Forward, StepHandle
 
 
 class Executor(Protocol):

@@ -18,7 +18,6 @@ broadcasts them when tensor parallel), and ``execute`` writes them over the plac
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,11 +29,11 @@ from minivllm.distributed.group import TPGroup
 from minivllm.kernels.torch_backend import FP8_DTYPES
 from minivllm.layers.attention import Attention
 from minivllm.layers.attention_metadata import AttentionMetadata
-from minivllm.models.loader import load_model_weights
+from minivllm.models.loader import build_context, load_model_weights
 from minivllm.models.registry import get_model_class
 from minivllm.sample.metadata import build_sampling_metadata, seeded_keys
 from minivllm.sample.penalties import PenaltyState
-from minivllm.sample.prompt_logprobs import PromptLogprobs, prompt_logits, prompt_logprobs
+from minivllm.sample.prompt_logprobs import prompt_logits, prompt_logprobs
 from minivllm.sample.sampler import Sampler, SamplerOutput
 from minivllm.sample.sharded import ShardedSampler, sharded_temperatures
 from minivllm.sampling_params import SamplingParams
@@ -43,23 +42,9 @@ from minivllm.worker.input_batch import InputBatch, StepInputs, dummy_prefill_in
 from minivllm.worker.kv_cache import bind_cache, block_bytes, cpu_num_blocks, gpu_num_blocks, new_cache
 from minivllm.worker.outputs import SampledTokens
 from minivllm.worker.spec_decode import SpeculativeStep, proposer_block_bytes
-from minivllm.worker.step_handle import StepHandle
+from minivllm.worker.step_handle import Forward, StepHandle
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class Forward(NamedTuple):
-    """A step whose forward is queued and whose sampling is not: ``ModelRunner.finish_step`` takes it. It holds
-    what sampling needs, so that the next step's news may change the batch before it is sampled."""
-
-    out: SchedulerOutput
-    logits: torch.Tensor | None  # [sampled rows, vocab] (a sharded step: this rank's slice)
-    prompt: PromptLogprobs | None
-    params: list[SamplingParams]  # of the sampled rows
-    bad_words: list[tuple[tuple[int, ...], ...]] | None  # of the sampled rows (None: no row has any)
-    temperatures: np.ndarray | None  # [sampled rows]: the step samples each rank's slice (None: gathered)
-    inputs: StepInputs | None = None  # the step's inputs (speculative decoding: the proposer reads them)
-    hidden_states: torch.Tensor | None = None  # [step tokens, 3 * hidden]: EAGLE-3's target streams (aux_layers)
 
 
 def device_for_rank(config: Config, rank: int) -> torch.device:
@@ -85,15 +70,9 @@ class ModelRunner:
         self.device = device_for_rank(config, rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        model_cls = get_model_class(mc.arch.architecture)
-        with torch.device(self.device):
-            prev = torch.get_default_dtype()
-            torch.set_default_dtype(self.dtype)
-            try:
-                self.model = model_cls(mc.arch, max_position=mc.max_model_len, backend=dc.attention_backend,
-                                       tp_group=tp_group)
-            finally:
-                torch.set_default_dtype(prev)
+        with build_context(self.device, self.dtype):
+            self.model = get_model_class(mc.arch.architecture)(mc.arch, max_position=mc.max_model_len,
+                                                               backend=dc.attention_backend, tp_group=tp_group)
         self.model.eval()
         load_model_weights(self.model, mc)
         self.lora = None  # the LoRA slots and host cache (enable_lora)
@@ -144,7 +123,8 @@ class ModelRunner:
         if self.spec_step is not None:  # a draft model's or head's own cache, over the same block ids
             self.spec_step.init_proposer_cache(self.kv_cache_groups[0][1], self.block_size, sc.max_num_seqs,
                                                self.kv_dtype)
-        if self.device.type == "cuda" and not dc.enforce_eager and not self.aux_layers and self._lora_graph_safe():
+        if self.device.type == "cuda" and not dc.enforce_eager and not self.aux_layers and (
+                self.lora is None or self.lora.graph_safe):
             from minivllm.worker.cuda_graphs import DecodeGraphRunner
 
             if self.lora is not None:  # the graphs read the per-token slots from the static buffer
@@ -153,15 +133,6 @@ class ModelRunner:
                                                   sc.max_num_seqs, mc.max_model_len, self.block_size,
                                                   len(self.kv_cache_specs))
         self._warm_up_sampling()
-
-    def _lora_graph_safe(self) -> bool:
-        """Whether CUDA graphs can capture the LoRA ops (no adapters, or the Triton kernels: the torch reference
-        reads its slots on the host)."""
-        if self.lora is None:
-            return True
-        from minivllm.lora.ops import uses_triton
-
-        return uses_triton(self.device)
 
     # ------------------------------------------------------------------ KV cache
     def _init_kv_cache(self) -> list[tuple[int | None, int]]:
@@ -325,11 +296,7 @@ class ModelRunner:
                 if req.params.has_penalties:
                     self.penalties.add(req.seq_id, req.prompt_token_ids, req.output_token_ids or ())
         if self.spec_step is not None:
-            if out.finished_seq_ids:
-                self.spec_step.proposer.remove(out.finished_seq_ids)
-                self.spec_step.forget(out.finished_seq_ids)
-            if out.new_requests:  # their token history came whole
-                self.spec_step.forget_deferred(r.seq_id for r in out.new_requests)
+            self.spec_step.update(out)
         temps = None
         if self.sharded_sampling and out.sampled:
             temps = sharded_temperatures([self.batch.params[s.seq_id] for s in out.sampled],

@@ -131,10 +131,15 @@ class SpeculativeStep:
                     self.draft_probs.pop(row.seq_id, None)
         return out
 
-    def forget(self, seq_ids) -> None:
-        """Drop what is kept of sequences that left the batch."""
-        for seq_id in seq_ids:
+    def update(self, out) -> None:
+        """A step's news (a ``SchedulerOutput``, as the batch takes it): drop what is kept of the sequences that
+        left, the proposer's too; the new ones' token history came whole."""
+        for seq_id in out.finished_seq_ids:
             self.draft_probs.pop(seq_id, None)
+        if out.finished_seq_ids:
+            self.proposer.remove(out.finished_seq_ids)
+        if out.new_requests:
+            self.forget_deferred(r.seq_id for r in out.new_requests)
 
     def _verified_probs(self, seq_ids: list[int], num_drafts: list[int], drafts: list[tuple[int, ...]],
                         vocab: int) -> torch.Tensor | None:

@@ -1,11 +1,32 @@
-"""StepHandle: a launched step's sampled tokens on their way from the device to the host."""
+"""A launched step between the runner's two halves: ``Forward`` (its forward queued, its sampling not) and
+``StepHandle`` (its sampled tokens on their way from the device to the host)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import torch
 
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.sample.prompt_logprobs import PromptLogprobs
+from minivllm.sampling_params import SamplingParams
+from minivllm.worker.input_batch import StepInputs
 from minivllm.worker.outputs import SampledTokens
+
+
+class Forward(NamedTuple):
+    """A step whose forward is queued and whose sampling is not: ``ModelRunner.finish_step`` takes it. It holds
+    what sampling needs, so that the next step's news may change the batch before it is sampled."""
+
+    out: SchedulerOutput
+    logits: torch.Tensor | None  # [sampled rows, vocab] (a sharded step: this rank's slice)
+    prompt: PromptLogprobs | None
+    params: list[SamplingParams]  # of the sampled rows
+    bad_words: list[tuple[tuple[int, ...], ...]] | None  # of the sampled rows (None: no row has any)
+    temperatures: np.ndarray | None  # [sampled rows]: the step samples each rank's slice (None: gathered)
+    inputs: StepInputs | None = None  # the step's inputs (speculative decoding: the proposer reads them)
+    hidden_states: torch.Tensor | None = None  # [step tokens, 3 * hidden]: EAGLE-3's target streams (aux_layers)
 
 
 class StepHandle:

@@ -27,9 +27,9 @@ import torch
 from minivllm.config import Config
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.worker.cpu_threads import set_cpu_threads
-from minivllm.worker.model_runner import Forward, ModelRunner, device_for_rank
+from minivllm.worker.model_runner import ModelRunner, device_for_rank
 from minivllm.worker.outputs import SampledTokens
-from minivllm.worker.step_handle import StepHandle
+from minivllm.worker.step_handle import Forward, StepHandle
 from minivllm.worker.tp_worker import (
     HEADER,
     ExecuteStep,
