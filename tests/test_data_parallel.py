@@ -110,9 +110,9 @@ def test_a_killed_replica_is_retried_elsewhere_and_restarted(monkeypatch, tmp_pa
     class Replica(data_parallel._Replica):
         """A replica that leaves a file when a batch starts (the actors are other processes)."""
 
-        def run_batch(self, prompts, params):
+        def run_batch(self, prompts, params, lora_requests=None):
             (tmp_path / f"generating-{os.getpid()}").touch()
-            return super().run_batch(prompts, params)
+            return super().run_batch(prompts, params, lora_requests)
 
     monkeypatch.setattr(data_parallel, "_Replica", Replica)
     long = SamplingParams(temperature=0, max_tokens=240, ignore_eos=True)

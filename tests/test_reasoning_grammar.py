@@ -55,7 +55,7 @@ def test_a_closed_gate_leaves_the_row_free_and_the_matcher_where_it_was(tokenize
     end = tuple(tokenizer.encode("</think>", add_special_tokens=False))
     manager.start(1, template, end)
     manager.start(2, template)
-    step = SimpleNamespace(sampled=[SimpleNamespace(seq_id=1), SimpleNamespace(seq_id=2)])
+    step = SimpleNamespace(sampled=[SimpleNamespace(seq_id=i, num_draft_tokens=0, token_ids=(0,)) for i in (1, 2)])
     assert manager.constrains(step)  # a closed gate still waits for masks: the step in flight may open it
     masks = manager.bitmask(step)
     assert masks.rows == (1,)  # only the ungated row is masked
@@ -88,7 +88,7 @@ def test_an_undecided_gate_lets_the_first_token_open_the_reasoning(tokenizer):
     template = manager.prepare(SO(choice=["yes", "no"]))
     start, end = 96, (34,)  # "~" opens, "@" closes
     yes = tokenizer.encode("yes", add_special_tokens=False)
-    step = SimpleNamespace(sampled=[SimpleNamespace(seq_id=1), SimpleNamespace(seq_id=2)])
+    step = SimpleNamespace(sampled=[SimpleNamespace(seq_id=i, num_draft_tokens=0, token_ids=(0,)) for i in (1, 2)])
     manager.start(1, template, end, opened_by=start)
     manager.start(2, template)
     masks = manager.bitmask(step)
