@@ -10,6 +10,7 @@ with speculation silently off.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -225,3 +226,24 @@ def test_proposer_drafts_equal_the_training_scripts_unrolled_head(tiny_tied_mode
         logits = script.ttt_forward(proposer.head, full_aux, ids, k)
     unrolled = [int(proposer.head.draft_to_target(lg[0, n - 1].argmax())) for lg in logits]
     assert drafts == unrolled
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["draft_model", "eagle3"])
+def test_structured_outputs_stay_valid_and_equal(method):
+    """Rows under a grammar with a model proposer: the greedy outputs equal those without speculation, each
+    matches its grammar, and drafts were accepted."""
+    from minivllm import StructuredOutputsParams
+
+    regex = r"(def [a-z_]+\(\):\n    return [0-9]+\n){2}"
+    repeat = r"(x = [0-9]\n){6}"
+    so = StructuredOutputsParams
+    params = [SamplingParams(temperature=0, max_tokens=60, structured_outputs=so(regex=regex)), GREEDY_64,
+              SamplingParams(temperature=0, max_tokens=60, structured_outputs=so(regex=repeat)),
+              SamplingParams(temperature=0, max_tokens=40, structured_outputs=so(choice=["yes", "no"]))]
+    config = spec("draft_model", DEMO_MODEL, k=3) if method == "draft_model" else spec("eagle3", DEMO_HEAD, k=3)
+    got, expected, totals = run_both(DEMO_MODEL, config, REPETITIVE_PROMPTS[:4], params)
+    assert [o["token_ids"] for o in got] == [o["token_ids"] for o in expected]
+    assert re.fullmatch(regex, got[0]["text"]) and re.fullmatch(repeat, got[2]["text"])
+    assert got[3]["text"] in ("yes", "no")
+    assert totals.num_accepted_tokens > 0
