@@ -121,6 +121,10 @@ def test_engine_refuses_bad_requests_before_queueing(tiny_tied_model, good_adapt
             llm.generate(["x", "y"], use_tqdm=False, lora_request=[None])
         with pytest.raises(ValueError, match="lora_request must be a LoRARequest"):
             llm.generate("x", use_tqdm=False, lora_request="good")
+        with pytest.raises(ValueError, match="lora_request / sampling_params: got 1 / 2 for 2 prompts"):
+            llm.engine.run_batch(["x", "y"], [SamplingParams()] * 2, use_tqdm=False, lora_requests=[None])
+        with pytest.raises(ValueError, match="lora_request must be a LoRARequest, got None"):
+            llm.engine.add_lora(None)
         assert not llm.engine.has_unfinished_requests() and llm.list_loras() == set()
         assert llm.generate("x", SamplingParams(max_tokens=2), use_tqdm=False)[0]["token_ids"]  # still works
 
